@@ -1,0 +1,269 @@
+// The backend interface (vLLM's AttentionBackend / AttentionImpl /
+// AttentionMetadataBuilder): capability queries, KV-cache shape, the one
+// kernel-plan predicate, and factories for the impl and metadata builder.
+#pragma once
+
+#include <pagedattn/metadata.h>
+#include <pagedattn/tensor.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace pagedattn {
+
+enum class AttentionType {
+  Decoder,         // causal self-attention over the paged KV cache
+  Encoder,         // bidirectional encoder self-attention of an enc-dec model, no cache
+  EncoderOnly,     // BERT-style bidirectional self-attention, no cache
+  EncoderDecoder,  // decoder queries x encoder K/V cached once (cross-attention)
+};
+// vLLM's spellings: "decoder", "encoder", "encoder_only", "encoder_decoder".
+std::string_view attention_type_name(AttentionType t);
+std::optional<AttentionType> parse_attention_type(std::string_view name);
+
+// vLLM's CacheDType strings; "fp8" means e4m3.
+enum class CacheDType { Auto, Float16, BFloat16, Fp8, Fp8E4M3, Fp8E5M2 };
+std::string_view cache_dtype_name(CacheDType t);
+std::optional<CacheDType> parse_cache_dtype(std::string_view name);
+bool is_quantized_kv_cache(CacheDType t);
+// Element type stored in the cache: auto -> the model dtype, fp8 -> FP8_E4M3, ...
+DType kv_cache_storage_dtype(CacheDType t, DType model_dtype);
+
+enum class KVCacheLayout { NHD, HND };
+std::string_view kv_cache_layout_name(KVCacheLayout l);
+std::optional<KVCacheLayout> parse_kv_cache_layout(std::string_view name);
+
+// A kernel block-size constraint "any multiple of base" (vs an exact size).
+struct MultipleOf {
+  int base = 1;
+};
+using KernelBlockSize = std::variant<int, MultipleOf>;
+
+// What the selector is asked about (vLLM's AttentionSelectorConfig).
+struct SelectorConfig {
+  int head_size = 0;
+  DType dtype = DType::BF16;
+  CacheDType kv_cache_dtype = CacheDType::Auto;
+  std::optional<int> block_size;  // only filtered on when the user set it
+  bool use_mla = false;
+  bool has_sink = false;
+  bool use_sparse = false;
+  bool use_mm_prefix = false;
+  bool use_per_head_quant_scales = false;
+  AttentionType attn_type = AttentionType::Decoder;
+  bool use_non_causal = false;
+  bool use_batch_invariant = false;
+  Device device = Device::cpu();
+  DeviceCapability capability{};
+
+  // A printable key; equal configs give equal keys (the selection cache key).
+  std::string str() const;
+};
+
+// Quantization state a layer exposes to its impl (vLLM's AttentionLayer protocol).
+struct LayerQuantState {
+  Tensor q_scale;  // [1] f32
+  Tensor k_scale;  // [1] or [num_kv_heads] f32 (per-tensor or per-KV-head)
+  Tensor v_scale;  // same shape as k_scale
+  Tensor prob_scale;  // [1] f32
+  float q_scale_float = 1.0f;
+  float k_scale_float = 1.0f;
+  float v_scale_float = 1.0f;
+  float prob_scale_float = 1.0f;
+};
+
+// The two halves of a layer's KV cache, each logically [num_blocks, block_size,
+// num_kv_heads, head_size] with whatever strides the layout gives (NHD or HND).
+struct KVCacheView {
+  TensorView key;    // [NB, BS, Hkv, D]
+  TensorView value;  // [NB, BS, Hkv, D]
+  bool defined() const { return key.defined(); }
+  std::int64_t num_blocks() const { return key.size(0); }
+  int block_size() const { return static_cast<int>(key.size(1)); }
+};
+
+// The impl constructor arguments, in vLLM's positional order, plus the extras.
+struct AttentionImplParams {
+  int num_heads = 0;
+  int head_size = 0;
+  float scale = 1.0f;
+  int num_kv_heads = 0;
+  std::vector<float> alibi_slopes;  // [num_heads] or empty
+  std::optional<int> sliding_window;
+  CacheDType kv_cache_dtype = CacheDType::Auto;
+  std::optional<float> logits_soft_cap;
+  AttentionType attn_type = AttentionType::Decoder;
+  std::optional<std::string> kv_sharing_target_layer_name;
+  std::vector<float> sinks;  // [num_heads] f32 sink logits, or empty
+  DType dtype = DType::BF16;  // model (activation) dtype
+  Device device = Device::cpu();
+};
+
+// Everything one forward call's kernel choice depends on: the input of the one
+// predicate that answers "supported?", "which kernel?" and "how much workspace?".
+struct AttentionProblem {
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_size = 0;
+  DType dtype = DType::BF16;
+  DType kv_storage_dtype = DType::BF16;
+  int block_size = 16;
+  AttentionType attn_type = AttentionType::Decoder;
+  bool causal = true;
+  bool has_sliding_window = false;
+  bool has_soft_cap = false;
+  bool has_alibi = false;
+  bool has_sinks = false;
+  bool per_head_kv_scales = false;
+  bool wants_lse = false;
+  // Batch shape (0 when unknown, e.g. at construction time).
+  int num_reqs = 0;
+  int num_tokens = 0;
+  int max_query_len = 0;
+  int max_seq_len = 0;
+};
+
+struct KernelPlan {
+  std::vector<std::string> reasons;  // empty = supported
+  std::string kernel;                // name of the kernel that will run
+  std::size_t workspace_bytes = 0;   // device workspace the plan needs
+  bool supported() const { return reasons.empty(); }
+};
+
+// A backend's per-step metadata (its "plan"); built once per step, read by
+// every layer's forward.
+struct BackendMetadata {
+  virtual ~BackendMetadata() = default;
+  CommonAttentionMetadata common;
+};
+
+struct BuilderParams {
+  int block_size = 16;
+  int num_kv_heads = 0;
+  int head_size = 0;
+  Device device = Device::cpu();
+  std::vector<std::string> layer_names;
+};
+
+class AttentionMetadataBuilder {
+ public:
+  virtual ~AttentionMetadataBuilder() = default;
+  // Validates `common` and produces this backend's metadata for the step.
+  virtual std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) = 0;
+};
+
+class AttentionImpl {
+ public:
+  explicit AttentionImpl(AttentionImplParams params) : params_(std::move(params)) {}
+  virtual ~AttentionImpl() = default;
+  AttentionImpl(const AttentionImpl&) = delete;
+  AttentionImpl& operator=(const AttentionImpl&) = delete;
+
+  // Computes attention for the metadata's tokens into `output`.
+  //   query  [T, H, D]     (rows may be strided; last dim contiguous)
+  //   key    [T, Hkv, D]   or undefined (encoder-only / already cached)
+  //   value  [T, Hkv, D]   or undefined
+  //   output [T, H, D]     written for rows < num_actual_tokens only
+  //   lse    [H, T] f32    or undefined; natural log; -inf for rows with no visible key
+  // Never allocates or synchronizes with the host on device backends.
+  virtual void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                       const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                       const TensorView& output, const TensorView& lse) = 0;
+
+  // Writes key/value rows into the cache at slot_mapping ([N] i64, N <= T; -1 = skip).
+  virtual void do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
+                                  const KVCacheView& kv_cache, const TensorView& slot_mapping) = 0;
+
+  virtual bool supports_quant_query_input() const { return false; }
+  virtual void process_weights_after_loading(DType /*act_dtype*/) {}
+  // The impl's class name, shown by Attention::extra_repr.
+  virtual std::string_view class_name() const = 0;
+
+  const AttentionImplParams& params() const { return params_; }
+
+ protected:
+  AttentionImplParams params_;
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual DeviceType device_type() const = 0;
+  // One line for `pagedattn info`.
+  virtual std::string_view description() const = 0;
+
+  // ---- capability declarations (vLLM's class attributes and predicates) ----
+  virtual std::vector<DType> supported_dtypes() const { return {DType::F16, DType::BF16}; }
+  virtual std::vector<CacheDType> supported_kv_cache_dtypes() const {
+    return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16};
+  }
+  // Empty = any head size.
+  virtual std::vector<int> supported_head_sizes() const { return {}; }
+  // Extra head-size rule beyond the list (e.g. "multiple of 8"); nullopt = none.
+  virtual std::optional<std::string> head_size_rule(int /*head_size*/) const { return std::nullopt; }
+  virtual std::vector<KernelBlockSize> supported_kernel_block_sizes() const { return {MultipleOf{1}}; }
+  virtual bool is_mla() const { return false; }
+  virtual bool supports_sink() const { return false; }
+  virtual bool is_sparse() const { return false; }
+  virtual bool supports_mm_prefix() const { return false; }
+  virtual bool supports_per_head_quant_scales() const { return false; }
+  virtual bool supports_non_causal() const { return false; }
+  virtual bool supports_batch_invariance() const { return false; }
+  virtual bool supports_attn_type(AttentionType t) const { return t == AttentionType::Decoder; }
+  virtual bool supports_compute_capability(DeviceCapability /*cap*/) const { return true; }
+  virtual std::optional<std::string> supports_combination(const SelectorConfig& /*cfg*/) const {
+    return std::nullopt;
+  }
+  // Features beyond vLLM's selector questions (listed in the support matrix).
+  virtual bool supports_sliding_window() const { return false; }
+  virtual bool supports_soft_cap() const { return false; }
+  virtual bool supports_alibi() const { return false; }
+  virtual bool can_return_lse() const { return false; }
+  virtual bool is_deterministic() const { return false; }
+  virtual bool accept_output_buffer() const { return true; }
+  virtual bool forward_includes_kv_cache_update() const { return false; }
+  virtual std::optional<KVCacheLayout> required_kv_cache_layout() const { return std::nullopt; }
+
+  // ---- KV cache ----
+  // Logical shape; default (2, num_blocks, block_size, num_kv_heads, head_size).
+  virtual Dims kv_cache_shape(std::int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
+                              CacheDType cache_dtype) const;
+  // Permutation from the logical shape to the physical layout; default
+  // NHD = identity, HND = (0, 1, 3, 2, 4) -> physical [2, NB, Hkv, BS, D].
+  virtual std::vector<int> kv_cache_stride_order(KVCacheLayout layout) const;
+  // Splits a cache of kv_cache_shape() into its K and V halves.
+  virtual KVCacheView unbind_kv_cache(const TensorView& kv_cache) const;
+
+  // ---- the one predicate: supported? which kernel? how much workspace? ----
+  virtual KernelPlan plan_kernel(const AttentionProblem& problem) const = 0;
+
+  // ---- factories ----
+  virtual std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const = 0;
+  virtual std::unique_ptr<AttentionMetadataBuilder> make_builder(const BuilderParams& params) const = 0;
+
+  // ---- written once, from the queries above ----
+  bool supports_head_size(int head_size) const;
+  bool supports_dtype(DType dtype) const;
+  bool supports_kv_cache_dtype(CacheDType t) const;
+  bool supports_block_size(std::optional<int> block_size) const;
+  int preferred_block_size(int default_size) const;
+  // vLLM's reason strings, in vLLM's order; empty = valid.
+  std::vector<std::string> validate_configuration(const SelectorConfig& cfg) const;
+};
+
+// Problem description of a layer's impl params for a batch (shape fields zero
+// when `common` is null).
+AttentionProblem make_attention_problem(const AttentionImplParams& params, int block_size,
+                                        const CommonAttentionMetadata* common, bool wants_lse,
+                                        bool per_head_kv_scales);
+
+// Throws Unsupported listing the plan's reasons when it is not supported.
+void require_supported(const KernelPlan& plan, std::string_view backend_name);
+
+}  // namespace pagedattn
