@@ -4,6 +4,7 @@
 #pragma once
 
 #include <pagedattn/backend.h>
+#include <pagedattn/registry.h>
 
 #include <string>
 #include <string_view>
@@ -28,6 +29,9 @@ struct SelectionReport {
 // `requested` empty or "auto" (any case) means automatic; otherwise a backend
 // name (unknown names throw InvalidArgument listing the valid ones).
 SelectionReport explain_selection(const SelectorConfig& cfg, std::string_view requested = {});
+// The same against a given registry (tests use their own).
+SelectionReport explain_selection(const BackendRegistry& registry, const SelectorConfig& cfg,
+                                  std::string_view requested = {});
 
 // The backend for `cfg`. When `requested` is empty the PAGEDATTN_BACKEND
 // environment variable is consulted. Throws Unsupported with every backend's

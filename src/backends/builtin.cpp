@@ -1,1 +1,11 @@
-// placeholder: being written
+// Registers every backend compiled into the library. This file is the only
+// place that knows the list; core reaches backends through the registry.
+#include <pagedattn/registry.h>
+
+#include "backends/reference/reference_backend.h"
+
+namespace pagedattn {
+
+void register_builtin_backends(BackendRegistry& registry) { register_reference_backend(registry); }
+
+}  // namespace pagedattn

@@ -1,1 +1,265 @@
-// placeholder: being written
+#include <gtest/gtest.h>
+#include <pagedattn/conformance.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "backends/reference/reference_backend.h"
+
+namespace pagedattn {
+namespace {
+
+constexpr std::size_t kMinGridSize = 500;
+
+const ReferenceBackend kReference;
+
+const std::vector<ConformanceCase>& grid() {
+  static const std::vector<ConformanceCase> cases = conformance_grid();
+  return cases;
+}
+
+const ConformanceCase& first_case_with(std::string_view fragment) {
+  for (const ConformanceCase& c : grid()) {
+    if (c.id().find(fragment) != std::string::npos) return c;
+  }
+  throw std::runtime_error(fmt::format("no grid case contains '{}'", fragment));
+}
+
+TEST(ConformanceGridTest, IsLargeAndIdsAreUniqueAndBracketed) {
+  const auto& cases = grid();
+  EXPECT_GE(cases.size(), kMinGridSize);
+  std::set<std::string> ids;
+  for (const ConformanceCase& c : cases) {
+    const std::string id = c.id();
+    EXPECT_TRUE(ids.insert(id).second) << "duplicate id " << id;
+    // Bracketed with no inner brackets: no id is a substring of another, so an id filter selects one case.
+    ASSERT_GE(id.size(), 2u);
+    EXPECT_EQ(id.front(), '[');
+    EXPECT_EQ(id.back(), ']');
+    EXPECT_EQ(id.find_first_of("[]", 1), id.size() - 1) << id;
+  }
+}
+
+TEST(ConformanceGridTest, CoversTheRequiredAxes) {
+  const auto& cases = grid();
+  auto any = [&](auto pred) { return std::any_of(cases.begin(), cases.end(), pred); };
+  for (const int d : {32, 64, 80, 96, 112, 128, 192, 256}) {
+    EXPECT_TRUE(any([&](const ConformanceCase& c) { return c.head_size == d; })) << d;
+  }
+  for (const auto& [h, hkv] : {std::pair{4, 4}, {8, 2}, {5, 1}, {32, 8}}) {
+    EXPECT_TRUE(any([&](const ConformanceCase& c) { return c.num_heads == h && c.num_kv_heads == hkv; }));
+  }
+  for (const int bs : {1, 16, 32, 128}) {
+    EXPECT_TRUE(any([&](const ConformanceCase& c) { return c.block_size == bs; })) << bs;
+  }
+  for (const char* batch : {"small_decode", "medium_decode", "small_prefill", "medium_prefill", "mixed_small",
+                            "mixed_medium", "single_decode", "single_prefill"}) {
+    EXPECT_TRUE(any([&](const ConformanceCase& c) { return c.batch.name.starts_with(batch); })) << batch;
+  }
+  for (const DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    EXPECT_TRUE(any([&](const ConformanceCase& c) { return c.dtype == dt; }));
+  }
+  for (const CacheDType kv : {CacheDType::Auto, CacheDType::Fp8E4M3, CacheDType::Fp8E5M2}) {
+    for (const bool per_head : {false, true}) {
+      EXPECT_TRUE(any([&](const ConformanceCase& c) {
+        return c.kv_cache_dtype == kv && (kv == CacheDType::Auto || c.per_head_kv_scales == per_head);
+      }));
+    }
+  }
+  for (const AttentionType t : {AttentionType::Decoder, AttentionType::Encoder, AttentionType::EncoderOnly,
+                                AttentionType::EncoderDecoder}) {
+    EXPECT_TRUE(any([&](const ConformanceCase& c) { return c.attn_type == t; }));
+  }
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.layout == KVCacheLayout::HND; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.sliding_window == 64; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) {
+    return c.attn_type == AttentionType::EncoderOnly && c.sliding_window;
+  }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.soft_cap == 30.0f; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.alibi; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.sinks; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.strided_qkv; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.padded_slots; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.want_lse; }));
+  EXPECT_TRUE(
+      any([](const ConformanceCase& c) { return !c.causal && c.attn_type == AttentionType::Decoder; }));
+}
+
+// One case per feature, against REFERENCE.
+TEST(ConformanceReferenceTest, FeatureSamplesPass) {
+  for (const char* fragment : {"[decoder,", "bs1,",           "bs128,",
+                               "HND",       "kv=fp8_e4m3,",   "kv=fp8_e5m2/head",
+                               "kv=fp8,",   "win=64",         "cap=30",
+                               "alibi",     "sinks",          "strided",
+                               "padded",    ",lse",           "noncausal",
+                               "[encoder,", "[encoder_only,", "[encoder_decoder,",
+                               "h32/8",     "block_edges",    "large_decode_div16"}) {
+    const ConformanceCase& c = first_case_with(fragment);
+    const CaseResult r = run_conformance_case(kReference, c);
+    EXPECT_EQ(r.status, CaseStatus::Passed) << c.id() << ": " << r.message;
+  }
+}
+
+TEST(ConformanceReferenceTest, FilteredRunReportsInGridOrder) {
+  std::vector<std::string> seen;
+  const ConformanceSummary summary = run_conformance(
+      kReference, "small_decode,", Device::cpu(), [&](const ConformanceCase& c, const CaseResult& r) {
+        EXPECT_EQ(r.status, CaseStatus::Passed) << c.id() << ": " << r.message;
+        seen.push_back(c.id());
+      });
+  std::vector<std::string> expected;
+  for (const ConformanceCase& c : grid()) {
+    if (c.id().find("small_decode,") != std::string::npos) expected.push_back(c.id());
+  }
+  EXPECT_FALSE(expected.empty());
+  EXPECT_EQ(seen, expected);
+  EXPECT_EQ(summary.passed, static_cast<int>(expected.size()));
+  EXPECT_TRUE(summary.ok());
+  EXPECT_EQ(format_summary(summary),
+            fmt::format("conformance: {} passed, 0 failed, 0 skipped", expected.size()));
+}
+
+TEST(ConformanceReferenceTest, AnIdReproducesExactlyOneCase) {
+  const ConformanceCase& c = grid()[grid().size() / 2];
+  int calls = 0;
+  const ConformanceSummary s = run_conformance(kReference, c.id(), Device::cpu(),
+                                               [&](const ConformanceCase&, const CaseResult&) { ++calls; });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(s.passed + s.failed + s.skipped, 1);
+}
+
+// ---- a deliberately broken backend must be caught ----
+
+enum class Defect {
+  PerturbOneElement,  // one output element off by far more than the tolerance
+  SkipLastRow,        // the last real row is never written
+  WriteGuardRow,      // writes the row before the output
+  WritePaddedRow,     // writes a row past num_actual_tokens
+  Nondeterministic,   // the second call differs by one ulp
+  WriteNullBlock,     // stores into block 0 of the cache
+  CorruptLse,         // wrong LSE
+  NoSinks,            // declares no sink support
+};
+
+class BrokenImpl final : public AttentionImpl {
+ public:
+  BrokenImpl(std::unique_ptr<AttentionImpl> inner, Defect defect)
+      : AttentionImpl(inner->params()), inner_(std::move(inner)), defect_(defect) {}
+
+  void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+               const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+               const TensorView& output, const TensorView& lse) override {
+    inner_->forward(layer, query, key, value, kv_cache, metadata, output, lse);
+    const int tokens = metadata.common.num_actual_tokens;
+    const DType t = output.dtype();
+    auto element = [&](std::int64_t row) {
+      return static_cast<std::byte*>(output.data()) +
+             row * output.stride(0) * static_cast<std::int64_t>(dtype_size(t));
+    };
+    switch (defect_) {
+      case Defect::PerturbOneElement:
+        store_from_float(element(tokens / 2), t, load_as_float(element(tokens / 2), t) + 1.0f);
+        break;
+      case Defect::SkipLastRow:
+        fill_tensor(output.select(0, tokens - 1), std::numeric_limits<float>::quiet_NaN());
+        break;
+      case Defect::WriteGuardRow:
+        store_from_float(element(-1), t, 0.0f);
+        break;
+      case Defect::WritePaddedRow:
+        store_from_float(element(tokens), t, 0.0f);
+        break;
+      case Defect::Nondeterministic:
+        if (++calls_ == 2) {
+          auto* p = element(0);
+          std::uint8_t byte;
+          std::memcpy(&byte, p, 1);
+          byte ^= 1u;
+          std::memcpy(p, &byte, 1);
+        }
+        break;
+      case Defect::WriteNullBlock:
+        store_from_float(kv_cache.key.data(), kv_cache.key.dtype(), 0.0f);
+        break;
+      case Defect::CorruptLse:
+        if (lse.defined()) *static_cast<float*>(lse.data()) += 1.0f;
+        break;
+      case Defect::NoSinks:
+        break;
+    }
+  }
+
+  void do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
+                          const KVCacheView& kv_cache, const TensorView& slot_mapping) override {
+    inner_->do_kv_cache_update(layer, key, value, kv_cache, slot_mapping);
+  }
+
+  std::string_view class_name() const override { return "BrokenImpl"; }
+
+ private:
+  std::unique_ptr<AttentionImpl> inner_;
+  Defect defect_;
+  int calls_ = 0;
+};
+
+class BrokenBackend final : public ReferenceBackend {
+ public:
+  explicit BrokenBackend(Defect defect) : defect_(defect) {}
+  std::string_view name() const override { return "BROKEN"; }
+  bool supports_sink() const override { return defect_ != Defect::NoSinks; }
+  std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override {
+    return std::make_unique<BrokenImpl>(ReferenceBackend::make_impl(params), defect_);
+  }
+
+ private:
+  Defect defect_;
+};
+
+CaseResult run_broken(Defect defect, std::string_view fragment) {
+  return run_conformance_case(BrokenBackend(defect), first_case_with(fragment));
+}
+
+TEST(ConformanceCheckerTest, CatchesBrokenBackends) {
+  struct Expectation {
+    Defect defect;
+    const char* case_fragment;
+    const char* message_fragment;
+  };
+  const Expectation expectations[] = {
+      {Defect::PerturbOneElement, "mixed_small,", "outside atol"},
+      {Defect::SkipLastRow, "small_prefill,", "output elements outside"},
+      {Defect::WriteGuardRow, "small_decode,", "guard row"},
+      {Defect::WritePaddedRow, "padded", "padded row"},
+      {Defect::Nondeterministic, "fresh_prefill,", "different bits"},
+      {Defect::WriteNullBlock, "block_edges,", "slot outside the written ones"},
+      {Defect::CorruptLse, ",lse", "lse"},
+  };
+  for (const Expectation& e : expectations) {
+    const CaseResult r = run_broken(e.defect, e.case_fragment);
+    EXPECT_EQ(r.status, CaseStatus::Failed) << e.message_fragment;
+    EXPECT_NE(r.message.find(e.message_fragment), std::string::npos) << r.message;
+  }
+}
+
+TEST(ConformanceCheckerTest, UnsupportedCasesAreSkipped) {
+  const CaseResult r = run_broken(Defect::NoSinks, "sinks");
+  EXPECT_EQ(r.status, CaseStatus::Skipped);
+  EXPECT_NE(r.message.find("attention sinks not supported"), std::string::npos) << r.message;
+  const CaseResult elsewhere = run_conformance_case(kReference, grid().front(), Device::cuda(0));
+  EXPECT_EQ(elsewhere.status, CaseStatus::Skipped);
+  EXPECT_NE(elsewhere.message.find("runs on cpu"), std::string::npos) << elsewhere.message;
+}
+
+TEST(ConformanceCheckerTest, InvalidCasesFail) {
+  ConformanceCase c;
+  c.num_kv_heads = 3;
+  c.batch = conformance_batch_spec("small_decode");
+  const CaseResult r = run_conformance_case(kReference, c);
+  EXPECT_EQ(r.status, CaseStatus::Failed);
+  EXPECT_NE(r.message.find("invalid case"), std::string::npos) << r.message;
+}
+
+}  // namespace
+}  // namespace pagedattn

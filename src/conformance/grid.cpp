@@ -1,1 +1,424 @@
-// placeholder: being written
+// The conformance grid: named batches, case ids, and the sweeps. Not a full
+// Cartesian product: a base sweep over the shape axes (head size x heads x
+// block size) with the other axes rotating, plus one sweep per feature.
+#include <pagedattn/conformance.h>
+#include <pagedattn/error.h>
+
+#include <array>
+#include <cmath>
+#include <unordered_set>
+
+namespace pagedattn {
+
+namespace {
+
+using Requests = std::vector<std::pair<int, int>>;
+
+Requests repeat(std::pair<int, int> request, int times) {
+  return Requests(static_cast<std::size_t>(times), request);
+}
+
+Requests concat(Requests a, const Requests& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<BatchSpec> make_batch_specs() {
+  return {
+      // vLLM's BATCH_SPECS (tests/v1/attention/test_attention_backends.py), real size.
+      {"small_decode", {{1, 32}, {1, 40}}},
+      {"small_prefill", {{8, 32}, {8, 40}}},
+      {"mixed_small", {{1, 32}, {1, 40}, {5, 48}, {5, 56}}},
+      {"medium_decode",
+       concat({{1, 128}, {1, 256}, {1, 512}, {1, 1024}}, {{1, 128}, {1, 256}, {1, 512}, {1, 1024}})},
+      {"medium_prefill", {{16, 256}, {16, 512}, {16, 1024}, {16, 2048}}},
+      {"mixed_medium", {{1, 512}, {1, 1024}, {1, 2048}, {7, 512}, {7, 1024}, {7, 2048}}},
+      {"single_decode", {{1, 1024}}},
+      {"single_prefill", {{64, 1024}}},
+      {"large_decode", repeat({1, 2048}, 32)},
+      // The same shapes with sequence lengths divided, for a scalar oracle.
+      {"medium_decode_div4",
+       concat({{1, 32}, {1, 64}, {1, 128}, {1, 256}}, {{1, 32}, {1, 64}, {1, 128}, {1, 256}})},
+      {"medium_prefill_div8", {{16, 32}, {16, 64}, {16, 128}, {16, 256}}},
+      {"mixed_medium_div8", {{1, 64}, {1, 128}, {1, 256}, {7, 64}, {7, 128}, {7, 256}}},
+      {"large_decode_div16", repeat({1, 128}, 32)},
+      {"single_decode_div4", {{1, 256}}},
+      {"single_prefill_div8", {{64, 128}}},
+      // Prompts without context, and lengths on and around block boundaries.
+      {"fresh_prefill", {{13, 13}, {40, 40}}},
+      {"block_edges", {{1, 1}, {3, 16}, {2, 17}, {1, 33}, {32, 32}}},
+      // Encoder / encoder-only: every request is a whole sequence.
+      {"encoder_small", {{17, 17}, {40, 40}, {1, 1}}},
+      {"encoder_long", {{100, 100}, {37, 37}}},
+      // Cross-attention: (decoder query_len, encoder length); queries may outnumber keys.
+      {"cross_small", {{1, 32}, {5, 48}}},
+      {"cross_prefill", {{8, 32}, {20, 7}, {3, 130}}},
+  };
+}
+
+// Upper bound of (query, key, head, dim) products of a case: keeps every case
+// cheap enough for the scalar oracle and the REFERENCE backend.
+constexpr double kMaxCaseWork = 32e6;
+
+double case_work(const ConformanceCase& c) {
+  double pairs = 0.0;
+  for (const auto& [q, s] : c.batch.requests) pairs += static_cast<double>(q) * s;
+  return pairs * c.num_heads * c.head_size;
+}
+
+// Upper bound of K (or V) elements of a case: the harness keeps several
+// copies (model values, dequantized values, cache and its expected image).
+constexpr double kMaxCaseKvElements = 4.5e6;
+
+double case_kv_elements(const ConformanceCase& c) {
+  double keys = 0.0;
+  for (const auto& [q, s] : c.batch.requests) keys += s;
+  return keys * c.num_kv_heads * c.head_size;
+}
+
+std::string feature_id(const ConformanceCase& c) {
+  std::string s = fmt::format("{},d{},h{}/{},bs{},{},{},kv={}", attention_type_name(c.attn_type), c.head_size,
+                              c.num_heads, c.num_kv_heads, c.block_size, c.batch.name, dtype_name(c.dtype),
+                              cache_dtype_name(c.kv_cache_dtype));
+  if (c.per_head_kv_scales) s += "/head";
+  s += fmt::format(",{}", kv_cache_layout_name(c.layout));
+  if (!c.causal && c.attn_type == AttentionType::Decoder) s += ",noncausal";
+  if (c.sliding_window) s += fmt::format(",win={}", *c.sliding_window);
+  if (c.soft_cap) s += fmt::format(",cap={}", *c.soft_cap);
+  if (c.scale) s += fmt::format(",scale={}", *c.scale);
+  if (c.alibi) s += ",alibi";
+  if (c.sinks) s += ",sinks";
+  if (c.strided_qkv) s += ",strided";
+  if (c.padded_slots) s += ",padded";
+  if (c.want_lse) s += ",lse";
+  return s;
+}
+
+// Stable per-case seed (FNV-1a of the features), so adding cases changes no other case's data.
+std::uint32_t seed_of(std::string_view features) {
+  std::uint32_t h = 2166136261u;
+  for (const char ch : features) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 16777619u;
+  }
+  return h % 100000u;
+}
+
+struct Shape {
+  int heads;
+  int kv_heads;
+  int head_size;
+};
+
+constexpr std::array kHeadSizes{32, 64, 80, 96, 112, 128, 192, 256};
+constexpr std::array<std::pair<int, int>, 4> kHeads{{{4, 4}, {8, 2}, {5, 1}, {32, 8}}};
+constexpr std::array kBlockSizes{1, 16, 32, 128};
+constexpr std::array kDTypes{DType::BF16, DType::F16, DType::F32};
+constexpr std::array kLayouts{KVCacheLayout::NHD, KVCacheLayout::HND};
+// Shapes the feature sweeps rotate through.
+constexpr std::array<Shape, 9> kFeatureShapes{{{8, 2, 64},
+                                               {5, 1, 128},
+                                               {4, 4, 80},
+                                               {32, 8, 128},
+                                               {8, 2, 256},
+                                               {4, 4, 32},
+                                               {5, 1, 112},
+                                               {8, 2, 192},
+                                               {4, 4, 96}}};
+constexpr int kBasePasses = 3;
+constexpr int kWindow = 64;
+constexpr float kSoftCap = 30.0f;
+// With unit-variance q and k, scores have standard deviation scale * sqrt(D):
+// 2.0 puts them at 16..32, where a cap of 30 changes them substantially.
+constexpr float kSoftCapScale = 2.0f;
+
+class GridBuilder {
+ public:
+  // Adds the case unless an identical one exists or it exceeds the budgets.
+  bool add(ConformanceCase c) {
+    if (case_work(c) > kMaxCaseWork || case_kv_elements(c) > kMaxCaseKvElements) return false;
+    std::string features = feature_id(c);
+    if (!seen_.insert(features).second) return false;
+    c.seed = seed_of(features);
+    cases_.push_back(std::move(c));
+    return true;
+  }
+
+  // Adds `c` with the first batch of `batches` (from `start`, cyclically) that fits the budget.
+  void add_rotating(ConformanceCase c, std::span<const char* const> batches, std::size_t start) {
+    for (std::size_t k = 0; k < batches.size(); ++k) {
+      c.batch = conformance_batch_spec(batches[(start + k) % batches.size()]);
+      if (add(c)) return;
+    }
+  }
+
+  std::vector<ConformanceCase> take() { return std::move(cases_); }
+
+ private:
+  std::vector<ConformanceCase> cases_;
+  std::unordered_set<std::string> seen_;
+};
+
+ConformanceCase with_shape(const Shape& s, int block_size) {
+  ConformanceCase c;
+  c.num_heads = s.heads;
+  c.num_kv_heads = s.kv_heads;
+  c.head_size = s.head_size;
+  c.block_size = block_size;
+  return c;
+}
+
+constexpr std::array kDecoderBatches{"small_decode",       "small_prefill",       "mixed_small",
+                                     "medium_decode_div4", "medium_prefill_div8", "mixed_medium_div8",
+                                     "single_decode_div4", "single_prefill_div8", "fresh_prefill",
+                                     "block_edges",        "large_decode_div16"};
+// Batches long enough for a window of 64 to hide keys.
+constexpr std::array kLongBatches{"mixed_medium_div8", "single_prefill_div8", "medium_prefill_div8",
+                                  "medium_decode_div4"};
+constexpr std::array kEncoderBatches{"encoder_small", "encoder_long"};
+constexpr std::array kCrossBatches{"cross_small", "cross_prefill"};
+
+// Head size x heads x block size, three times, with batch, dtype, layout, strides,
+// padding and LSE rotating on co-prime periods so their combinations mix.
+void base_sweep(GridBuilder& g) {
+  std::size_t n = 0;
+  for (int pass = 0; pass < kBasePasses; ++pass) {
+    for (const int d : kHeadSizes) {
+      for (const auto& [h, hkv] : kHeads) {
+        for (const int bs : kBlockSizes) {
+          ConformanceCase c = with_shape({h, hkv, d}, bs);
+          c.dtype = kDTypes[n % kDTypes.size()];
+          c.layout = kLayouts[(n / 2) % kLayouts.size()];
+          c.strided_qkv = n % 5 == 1;
+          c.padded_slots = n % 7 == 3;
+          c.want_lse = n % 2 == 1;
+          g.add_rotating(c, kDecoderBatches, n * 7 + static_cast<std::size_t>(pass));
+          ++n;
+        }
+      }
+    }
+  }
+}
+
+// One decoder feature (window, soft cap, ALiBi, sinks or all of them) over
+// dtypes x layouts x long batches, rotating shapes and block sizes.
+template <typename Apply>
+void feature_sweep(GridBuilder& g, std::size_t salt, Apply apply) {
+  std::size_t n = salt;
+  for (int variant = 0; variant < 2; ++variant) {
+    for (const DType dt : kDTypes) {
+      for (const KVCacheLayout layout : kLayouts) {
+        for (std::size_t b = 0; b < kLongBatches.size(); ++b) {
+          ConformanceCase c =
+              with_shape(kFeatureShapes[n % kFeatureShapes.size()], kBlockSizes[n % kBlockSizes.size()]);
+          c.dtype = dt;
+          c.layout = layout;
+          c.want_lse = n % 2 == 0;
+          c.strided_qkv = n % 3 == 0;
+          c.padded_slots = variant == 1 && n % 2 == 1;
+          apply(c);
+          g.add_rotating(c, kLongBatches, b + static_cast<std::size_t>(variant));
+          ++n;
+        }
+      }
+    }
+  }
+}
+
+void fp8_sweep(GridBuilder& g) {
+  constexpr std::array kFp8{CacheDType::Fp8E4M3, CacheDType::Fp8E5M2, CacheDType::Fp8};
+  constexpr std::array kFp8Batches{"mixed_small", "medium_decode_div4", "single_prefill_div8", "block_edges"};
+  std::size_t n = 0;
+  for (const CacheDType kv : kFp8) {
+    for (const bool per_head : {false, true}) {
+      for (const KVCacheLayout layout : kLayouts) {
+        for (const DType dt : kDTypes) {
+          for (int variant = 0; variant < 2; ++variant) {
+            ConformanceCase c = with_shape(kFeatureShapes[(n + 3) % kFeatureShapes.size()],
+                                           kBlockSizes[(n + 1) % kBlockSizes.size()]);
+            c.dtype = dt;
+            c.layout = layout;
+            c.kv_cache_dtype = kv;
+            c.per_head_kv_scales = per_head;
+            c.want_lse = variant == 1;
+            c.padded_slots = n % 4 == 2;
+            // Every fourth case adds a decoder feature on top of the quantized cache.
+            if (n % 4 == 1) c.sliding_window = kWindow;
+            if (n % 4 == 3) c.sinks = true;
+            g.add_rotating(c, kFp8Batches, n);
+            ++n;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Strided inputs, padded slots and LSE against each other.
+void io_sweep(GridBuilder& g) {
+  std::size_t n = 0;
+  for (const bool strided : {false, true}) {
+    for (const bool padded : {false, true}) {
+      for (const bool lse : {false, true}) {
+        for (const DType dt : kDTypes) {
+          ConformanceCase c = with_shape(kFeatureShapes[(n + 5) % kFeatureShapes.size()],
+                                         kBlockSizes[(n + 2) % kBlockSizes.size()]);
+          c.dtype = dt;
+          c.layout = kLayouts[n % kLayouts.size()];
+          c.strided_qkv = strided;
+          c.padded_slots = padded;
+          c.want_lse = lse;
+          g.add_rotating(c, kDecoderBatches, n * 3);
+          ++n;
+        }
+      }
+    }
+  }
+}
+
+// Encoder and encoder-only (keys are the batch's own rows), with and without
+// the bidirectional window, plus a few scoring features.
+void encoder_sweep(GridBuilder& g) {
+  std::size_t n = 0;
+  for (int variant = 0; variant < 2; ++variant) {
+    for (const AttentionType t : {AttentionType::Encoder, AttentionType::EncoderOnly}) {
+      for (const bool window : {false, true}) {
+        for (const DType dt : kDTypes) {
+          for (std::size_t b = 0; b < kEncoderBatches.size(); ++b) {
+            ConformanceCase c = with_shape(kFeatureShapes[(n + 4 * variant) % kFeatureShapes.size()], 16);
+            c.attn_type = t;
+            c.dtype = dt;
+            c.strided_qkv = n % 2 == 1;
+            c.padded_slots = n % 5 == 2;
+            c.want_lse = n % 3 != 0;
+            if (window) c.sliding_window = kWindow;
+            if (n % 6 == 4) c.alibi = true;
+            if (n % 6 == 5) c.sinks = true;
+            if (n % 7 == 3) {
+              c.soft_cap = kSoftCap;
+              c.scale = kSoftCapScale;
+            }
+            c.batch = conformance_batch_spec(kEncoderBatches[b]);
+            g.add(c);
+            ++n;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Cross-attention: encoder K/V cached in a first step, read in a second.
+void cross_sweep(GridBuilder& g) {
+  constexpr std::array kCrossKv{CacheDType::Auto, CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
+  std::size_t n = 0;
+  for (const CacheDType kv : kCrossKv) {
+    for (const KVCacheLayout layout : kLayouts) {
+      for (const DType dt : kDTypes) {
+        for (std::size_t b = 0; b < kCrossBatches.size(); ++b) {
+          ConformanceCase c = with_shape(kFeatureShapes[(n + 1) % kFeatureShapes.size()],
+                                         kBlockSizes[n % kBlockSizes.size()]);
+          c.attn_type = AttentionType::EncoderDecoder;
+          c.kv_cache_dtype = kv;
+          c.per_head_kv_scales = kv != CacheDType::Auto && n % 2 == 1;
+          c.layout = layout;
+          c.dtype = dt;
+          c.strided_qkv = n % 3 == 1;
+          c.want_lse = n % 2 == 0;
+          c.batch = conformance_batch_spec(kCrossBatches[b]);
+          g.add(c);
+          ++n;
+        }
+      }
+    }
+  }
+}
+
+void noncausal_decoder_sweep(GridBuilder& g) {
+  constexpr std::array kBatches{"small_prefill", "mixed_small", "single_prefill_div8"};
+  std::size_t n = 0;
+  for (const DType dt : kDTypes) {
+    for (const KVCacheLayout layout : kLayouts) {
+      for (std::size_t b = 0; b < kBatches.size(); ++b) {
+        ConformanceCase c = with_shape(kFeatureShapes[(n + 2) % kFeatureShapes.size()],
+                                       kBlockSizes[(n + 3) % kBlockSizes.size()]);
+        c.causal = false;
+        c.dtype = dt;
+        c.layout = layout;
+        c.want_lse = n % 2 == 1;
+        c.batch = conformance_batch_spec(kBatches[b]);
+        g.add(c);
+        ++n;
+      }
+    }
+  }
+}
+
+// vLLM's batches at their real size, on small head counts (and Llama-3-8B's
+// heads where the budget allows).
+void real_size_sweep(GridBuilder& g) {
+  constexpr std::array kRealBatches{"medium_decode", "medium_prefill", "mixed_medium",
+                                    "single_decode", "single_prefill", "large_decode"};
+  constexpr std::array<Shape, 3> kShapes{{{4, 4, 64}, {8, 2, 32}, {32, 8, 128}}};
+  std::size_t n = 0;
+  for (const char* batch : kRealBatches) {
+    for (const Shape& s : kShapes) {
+      ConformanceCase c = with_shape(s, 16);
+      c.batch = conformance_batch_spec(batch);
+      c.dtype = kDTypes[n % kDTypes.size()];
+      c.layout = kLayouts[n % kLayouts.size()];
+      c.want_lse = true;
+      if (n % 4 == 1) c.sliding_window = kWindow;
+      if (n % 4 == 2) {
+        c.kv_cache_dtype = CacheDType::Fp8E4M3;
+        c.per_head_kv_scales = true;
+      }
+      g.add(c);
+      ++n;
+    }
+  }
+}
+
+}  // namespace
+
+const std::vector<BatchSpec>& conformance_batch_specs() {
+  static const std::vector<BatchSpec> specs = make_batch_specs();
+  return specs;
+}
+
+const BatchSpec& conformance_batch_spec(std::string_view name) {
+  for (const BatchSpec& b : conformance_batch_specs()) {
+    if (b.name == name) return b;
+  }
+  throw_invalid("conformance_batch_spec", "name", "a known batch spec", name);
+}
+
+std::string ConformanceCase::id() const { return fmt::format("[{},seed={}]", feature_id(*this), seed); }
+
+std::vector<ConformanceCase> conformance_grid() {
+  GridBuilder g;
+  base_sweep(g);
+  feature_sweep(g, 0, [](ConformanceCase& c) { c.sliding_window = kWindow; });
+  feature_sweep(g, 1, [](ConformanceCase& c) {
+    c.soft_cap = kSoftCap;
+    c.scale = kSoftCapScale;
+  });
+  feature_sweep(g, 2, [](ConformanceCase& c) { c.alibi = true; });
+  feature_sweep(g, 3, [](ConformanceCase& c) { c.sinks = true; });
+  feature_sweep(g, 4, [](ConformanceCase& c) {
+    c.sliding_window = kWindow;
+    c.soft_cap = kSoftCap;
+    c.scale = kSoftCapScale;
+    c.alibi = true;
+    c.sinks = true;
+  });
+  fp8_sweep(g);
+  io_sweep(g);
+  encoder_sweep(g);
+  cross_sweep(g);
+  noncausal_decoder_sweep(g);
+  real_size_sweep(g);
+  return g.take();
+}
+
+}  // namespace pagedattn

@@ -1,1 +1,839 @@
-// placeholder: being written
+// The conformance harness: drives a backend exactly as the Attention layer
+// does (common metadata -> builder -> impl.do_kv_cache_update -> impl.forward)
+// on one ConformanceCase and checks DESIGN.md section 6: poisoned outputs,
+// guard rows, padded rows, untouched cache outside the written slots, LSE,
+// tolerance against the dense oracle, and bitwise determinism.
+#include <pagedattn/conformance.h>
+#include <pagedattn/error.h>
+#include <pagedattn/metadata.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace pagedattn {
+
+namespace {
+
+constexpr int kGuardRows = 2;             // poisoned rows before and after the output (and LSE columns)
+constexpr int kPaddingTokens = 3;         // q/k/v/output rows past num_actual_tokens in padded cases
+constexpr int kPaddingSlots = 1;          // -1 entries the slot mapping gets: shorter than key
+constexpr float kFp8AmaxDivisor = 64.0f;  // fp8 scale = amax / 64 (vLLM's test_cache)
+constexpr double kMaxSink = 5.0;          // sinks ~ U[0, 5) (vLLM's rand * 5)
+constexpr int kSecondStepQueryLen = 1;    // cross-attention: decode step reading the cached encoder K/V
+constexpr std::string_view kLayerName = "conformance.attn";
+
+// NaN bit patterns with payloads arithmetic does not produce (e4m3 has one NaN).
+std::uint64_t poison_bits(DType t) {
+  switch (t) {
+    case DType::F32:
+      return 0x7FC0DEADu;
+    case DType::F16:
+      return 0x7E5Au;
+    case DType::BF16:
+      return 0x7FDAu;
+    case DType::FP8_E4M3:
+      return 0x7Fu;
+    case DType::FP8_E5M2:
+      return 0x7Eu;
+    default:
+      return 0xFFu;
+  }
+}
+
+std::vector<std::uint8_t> poison_bytes(DType t) {
+  const std::uint64_t bits = poison_bits(t);
+  std::vector<std::uint8_t> bytes(dtype_size(t));
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(bits >> (8 * i));
+  return bytes;
+}
+
+bool equals_at(const std::vector<std::uint8_t>& data, std::size_t element,
+               const std::vector<std::uint8_t>& pattern) {
+  return std::equal(pattern.begin(), pattern.end(),
+                    data.begin() + static_cast<std::ptrdiff_t>(element * pattern.size()));
+}
+
+// Portable deterministic generator (std distributions differ between libraries).
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  // Zero mean, unit variance (Irwin-Hall of four uniforms).
+  float normal() {
+    double sum = 0.0;
+    for (int i = 0; i < 4; ++i) sum += uniform();
+    return static_cast<float>((sum - 2.0) * std::sqrt(3.0));
+  }
+  std::size_t below(std::size_t n) { return static_cast<std::size_t>(next() % n); }
+
+ private:
+  std::uint64_t state_;
+};
+
+float round_to(DType t, float x) {
+  std::array<std::byte, sizeof(double)> buf{};
+  store_from_float(buf.data(), t, x);
+  return load_as_float(buf.data(), t);
+}
+
+// [rows, heads, D] model-dtype values.
+std::vector<float> random_rows(Rng& rng, std::size_t elements, DType dtype) {
+  std::vector<float> v(elements);
+  for (float& x : v) x = round_to(dtype, rng.normal());
+  return v;
+}
+
+bool is_paged(AttentionType t) { return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder; }
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string s;
+  for (const std::string& p : parts) s += (s.empty() ? "" : "; ") + p;
+  return s;
+}
+
+// The case itself must make sense before a backend is blamed.
+void validate_case(const ConformanceCase& c) {
+  constexpr std::string_view where = "conformance case";
+  check_arg(c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, where,
+            "num_heads / num_kv_heads", "positive, num_heads a multiple of num_kv_heads",
+            fmt::format("{} / {}", c.num_heads, c.num_kv_heads));
+  check_arg(c.head_size > 0, where, "head_size", "> 0", c.head_size);
+  check_arg(c.block_size > 0, where, "block_size", "> 0", c.block_size);
+  check_arg(!c.per_head_kv_scales || is_quantized_kv_cache(c.kv_cache_dtype), where, "per_head_kv_scales",
+            "only with an fp8 KV cache", cache_dtype_name(c.kv_cache_dtype));
+  check_arg(!c.padded_slots || c.attn_type != AttentionType::EncoderDecoder, where, "padded_slots",
+            "not with cross-attention", "set");
+  if (c.sliding_window) check_arg(*c.sliding_window > 0, where, "sliding_window", "> 0", *c.sliding_window);
+  for (const auto& [q, s] : c.batch.requests) {
+    check_arg(q >= 0 && s >= 0, where, "batch lengths", "non-negative", fmt::format("({}, {})", q, s));
+    if (c.attn_type == AttentionType::Decoder)
+      check_arg(s >= q, where, "seq_len", fmt::format(">= query_len {}", q), s);
+    if (c.attn_type == AttentionType::Encoder || c.attn_type == AttentionType::EncoderOnly) {
+      check_arg(s == q, where, "seq_len", fmt::format("== query_len {} for encoder attention", q), s);
+    }
+  }
+}
+
+std::optional<std::string> skip_reason(const AttentionBackend& backend, const ConformanceCase& c,
+                                       Device device) {
+  SelectorConfig cfg;
+  cfg.head_size = c.head_size;
+  cfg.dtype = c.dtype;
+  cfg.kv_cache_dtype = c.kv_cache_dtype;
+  cfg.block_size = c.block_size;
+  cfg.has_sink = c.sinks;
+  cfg.use_per_head_quant_scales = c.per_head_kv_scales;
+  cfg.attn_type = c.attn_type;
+  cfg.use_non_causal = c.attn_type == AttentionType::Decoder && !c.causal;
+  cfg.device = device;
+  if (const DeviceAllocator* alloc = find_device_allocator(device.type))
+    cfg.capability = alloc->capability(device);
+  std::vector<std::string> reasons = backend.validate_configuration(cfg);
+  if (backend.device_type() != device.type) {
+    reasons.push_back(
+        fmt::format("runs on {}, not {}", device_type_name(backend.device_type()), device_name(device)));
+  }
+  if (c.sliding_window && !backend.supports_sliding_window())
+    reasons.emplace_back("sliding window not supported");
+  if (c.soft_cap && !backend.supports_soft_cap()) reasons.emplace_back("logits soft cap not supported");
+  if (c.alibi && !backend.supports_alibi()) reasons.emplace_back("ALiBi not supported");
+  if (const auto required = backend.required_kv_cache_layout(); required && *required != c.layout) {
+    reasons.push_back(fmt::format("requires the {} KV cache layout", kv_cache_layout_name(*required)));
+  }
+  if (reasons.empty()) return std::nullopt;
+  return join(reasons);
+}
+
+// Row tensors [rows, heads_i, D]; with `fused`, views into one
+// [rows, sum(heads_i) * D] buffer (rows strided, as a fused qkv projection).
+struct RowTensors {
+  std::vector<Tensor> owners;
+  std::vector<TensorView> views;
+};
+
+RowTensors make_row_tensors(const std::vector<const std::vector<float>*>& parts,
+                            const std::vector<int>& heads, int rows, int head_size, DType dtype,
+                            Device device, bool fused) {
+  RowTensors out;
+  if (!fused) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      out.owners.push_back(Tensor::from_floats(*parts[i], {rows, heads[i], head_size}, dtype, device));
+      out.views.push_back(out.owners.back());
+    }
+    return out;
+  }
+  std::int64_t width = 0;
+  for (const int h : heads) width += static_cast<std::int64_t>(h) * head_size;
+  std::vector<float> host(static_cast<std::size_t>(rows * width));
+  std::int64_t offset = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const std::int64_t w = static_cast<std::int64_t>(heads[i]) * head_size;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::copy_n(parts[i]->begin() + r * w, w, host.begin() + r * width + offset);
+    }
+    offset += w;
+  }
+  out.owners.push_back(Tensor::from_floats(host, {rows, width}, dtype, device));
+  auto* base = static_cast<std::byte*>(out.owners.back().data());
+  offset = 0;
+  for (const int h : heads) {
+    out.views.emplace_back(base + offset * static_cast<std::int64_t>(dtype_size(dtype)), dtype, device,
+                           Dims{rows, h, head_size}, Dims{width, head_size, 1});
+    offset += static_cast<std::int64_t>(h) * head_size;
+  }
+  return out;
+}
+
+// An output [rows, H, D] inside a poisoned allocation with guard rows (and,
+// when strided, a spare head's width per row).
+struct GuardedOutput {
+  Tensor storage;  // [kGuardRows + rows + kGuardRows, width]
+  TensorView view;
+  int rows = 0;
+  std::int64_t width = 0;
+  std::int64_t row_elems = 0;
+};
+
+GuardedOutput make_output(int rows, int heads, int head_size, DType dtype, Device device, bool strided) {
+  GuardedOutput o;
+  o.rows = rows;
+  o.row_elems = static_cast<std::int64_t>(heads) * head_size;
+  o.width = o.row_elems + (strided ? head_size : 0);
+  o.storage = Tensor::empty({rows + 2 * kGuardRows, o.width}, dtype, device);
+  auto* base = static_cast<std::byte*>(o.storage.data()) +
+               kGuardRows * o.width * static_cast<std::int64_t>(dtype_size(dtype));
+  o.view = TensorView(base, dtype, device, Dims{rows, heads, head_size}, Dims{o.width, head_size, 1});
+  return o;
+}
+
+// An LSE [H, rows] f32 inside a poisoned [H, rows + 2 * kGuardRows] allocation.
+struct GuardedLse {
+  Tensor storage;
+  TensorView view;
+};
+
+GuardedLse make_lse(int heads, int rows, Device device) {
+  GuardedLse l;
+  const std::int64_t width = rows + 2 * kGuardRows;
+  l.storage = Tensor::empty({heads, width}, DType::F32, device);
+  auto* base = static_cast<float*>(l.storage.data()) + kGuardRows;
+  l.view = TensorView(base, DType::F32, device, Dims{heads, rows}, Dims{width, 1});
+  return l;
+}
+
+// Real region [0, real_rows) x [0, row_elems) as floats; any other element
+// that is no longer the poison pattern is reported.
+std::optional<std::string> read_output(const GuardedOutput& o, int real_rows, std::vector<float>& real) {
+  const DType t = o.storage.dtype();
+  const auto bytes = to_byte_vector(o.storage);
+  const auto poison = poison_bytes(t);
+  real.clear();
+  for (std::int64_t g = 0; g < o.rows + 2 * kGuardRows; ++g) {
+    const std::int64_t row = g - kGuardRows;
+    const bool real_row = row >= 0 && row < real_rows;
+    for (std::int64_t col = 0; col < o.width; ++col) {
+      const auto e = static_cast<std::size_t>(g * o.width + col);
+      if (real_row && col < o.row_elems) {
+        real.push_back(load_as_float(&bytes[e * poison.size()], t));
+      } else if (!equals_at(bytes, e, poison)) {
+        const char* what =
+            row < 0 || row >= o.rows ? "guard row" : (col >= o.row_elems ? "row stride gap" : "padded row");
+        return fmt::format("output {} overwritten: row {}, element {}", what, row, col);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> read_lse(const GuardedLse& l, int rows, int real_rows, std::vector<float>& real) {
+  const auto bytes = to_byte_vector(l.storage);
+  const auto poison = poison_bytes(DType::F32);
+  const std::int64_t heads = l.storage.size(0);
+  const std::int64_t width = l.storage.size(1);
+  real.clear();
+  for (std::int64_t h = 0; h < heads; ++h) {
+    for (std::int64_t col = 0; col < width; ++col) {
+      const std::int64_t token = col - kGuardRows;
+      const auto e = static_cast<std::size_t>(h * width + col);
+      if (token >= 0 && token < real_rows) {
+        real.push_back(load_as_float(&bytes[e * poison.size()], DType::F32));
+      } else if (!equals_at(bytes, e, poison)) {
+        const char* what = token < 0 || token >= rows ? "guard column" : "padded token";
+        return fmt::format("lse {} overwritten: head {}, token {}", what, h, token);
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// The paged cache under test and the byte image it must hold: poison
+// everywhere except the slots written, which hold the encoded K/V.
+class CacheUnderTest {
+ public:
+  CacheUnderTest(const AttentionBackend& backend, const ConformanceCase& c, std::int64_t num_blocks,
+                 Device device)
+      : storage_dtype_(kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype)),
+        fp8_(is_quantized_kv_cache(c.kv_cache_dtype)),
+        block_size_(c.block_size),
+        kv_heads_(c.num_kv_heads),
+        head_size_(c.head_size) {
+    const Dims shape =
+        backend.kv_cache_shape(num_blocks, c.block_size, c.num_kv_heads, c.head_size, c.kv_cache_dtype);
+    const std::vector<int> order = backend.kv_cache_stride_order(c.layout);
+    storage_ = Tensor::empty_strided_order(shape, order, storage_dtype_, device);
+    fill_tensor_bits(storage_, poison_bits(storage_dtype_));
+    view_ = backend.unbind_kv_cache(storage_);
+    const auto poison = poison_bytes(storage_dtype_);
+    const auto elements = static_cast<std::size_t>(num_blocks) * c.block_size * c.num_kv_heads * c.head_size;
+    for (auto* image : {&expected_key_, &expected_value_}) {
+      image->resize(elements * poison.size());
+      for (std::size_t e = 0; e < elements; ++e)
+        std::copy(poison.begin(), poison.end(), image->begin() + e * poison.size());
+    }
+  }
+
+  const KVCacheView& view() const { return view_; }
+
+  // Records one token's K and V ([Hkv, D] each, model-dtype values) as stored at `slot`.
+  void record(std::int64_t slot, const float* key, const float* value, const std::vector<float>& k_scale,
+              const std::vector<float>& v_scale) {
+    encode(expected_key_, slot, key, k_scale);
+    encode(expected_value_, slot, value, v_scale);
+  }
+
+  // What attention reads back for model value x stored with `scale`.
+  float read_value(float x, float scale) const {
+    std::array<std::byte, sizeof(double)> buf{};
+    store_from_float(buf.data(), storage_dtype_, fp8_ ? x / scale : x);
+    const double stored = load_as_float(buf.data(), storage_dtype_);
+    return static_cast<float>(fp8_ ? stored * static_cast<double>(scale) : stored);
+  }
+
+  std::optional<std::string> check() const {
+    if (auto bad = compare_half(view_.key, expected_key_, "key")) return bad;
+    return compare_half(view_.value, expected_value_, "value");
+  }
+
+ private:
+  void encode(std::vector<std::uint8_t>& image, std::int64_t slot, const float* x,
+              const std::vector<float>& scale) const {
+    const std::size_t es = dtype_size(storage_dtype_);
+    for (int h = 0; h < kv_heads_; ++h) {
+      const float s = scale.size() == 1 ? scale[0] : scale[static_cast<std::size_t>(h)];
+      for (int d = 0; d < head_size_; ++d) {
+        const std::size_t i = static_cast<std::size_t>(h) * head_size_ + d;
+        const auto e = (static_cast<std::size_t>(slot) * kv_heads_ + h) * head_size_ + d;
+        store_from_float(&image[e * es], storage_dtype_, fp8_ ? x[i] / s : x[i]);
+      }
+    }
+  }
+
+  std::optional<std::string> compare_half(const TensorView& half, const std::vector<std::uint8_t>& expected,
+                                          std::string_view name) const {
+    const auto actual = to_byte_vector(half);
+    if (actual == expected) return std::nullopt;
+    const std::size_t es = dtype_size(storage_dtype_);
+    const auto poison = poison_bytes(storage_dtype_);
+    for (std::size_t e = 0; e * es < actual.size(); ++e) {
+      if (std::equal(actual.begin() + e * es, actual.begin() + (e + 1) * es, expected.begin() + e * es))
+        continue;
+      const std::size_t d = e % head_size_;
+      const std::size_t h = e / head_size_ % kv_heads_;
+      const std::size_t slot = e / head_size_ / kv_heads_;
+      const bool unwritten = equals_at(expected, e, poison);
+      return fmt::format("kv_cache.{}[block {}, offset {}, head {}, dim {}]: {} (got {}, want {})", name,
+                         slot / block_size_, slot % block_size_, h, d,
+                         unwritten ? "slot outside the written ones was modified" : "stored value differs",
+                         load_as_float(&actual[e * es], storage_dtype_),
+                         load_as_float(&expected[e * es], storage_dtype_));
+    }
+    return std::nullopt;
+  }
+
+  DType storage_dtype_;
+  bool fp8_;
+  int block_size_;
+  int kv_heads_;
+  int head_size_;
+  Tensor storage_;
+  KVCacheView view_;
+  std::vector<std::uint8_t> expected_key_;
+  std::vector<std::uint8_t> expected_value_;
+};
+
+// One forward call of the case: its metadata, inputs and what the oracle says.
+struct Step {
+  std::string name;
+  CommonAttentionMetadata common;
+  std::shared_ptr<const BackendMetadata> metadata;
+  int rows = 0;  // query rows, padding included
+  RowTensors query;
+  RowTensors key_value;  // views 0 and 1, or none
+  OracleOutput expected;
+};
+
+class CaseRun {
+ public:
+  CaseRun(const AttentionBackend& backend, const ConformanceCase& c, Device device)
+      : backend_(backend), c_(c), device_(device), rng_(kSeedBase + c.seed) {}
+
+  CaseResult run();
+
+ private:
+  void make_params();
+  std::int64_t assign_pages(const std::vector<int>& kv_lens);
+  void make_scales();
+  void append_read_back(std::size_t r, int first, int count);
+  void write(const std::vector<float>& keys, const std::vector<float>& values,
+             const std::vector<std::pair<int, int>>& tokens, const TensorView& key, const TensorView& value,
+             const TensorView& slot_mapping, bool issue_write);
+  void write_context();
+  std::optional<std::string> prepare_and_run(Step& step, bool first_step);
+  std::optional<std::string> forward_and_check(Step& step);
+  OracleProblem oracle_problem() const;
+
+  static constexpr std::uint64_t kSeedBase = 0x5EED0000ull;
+
+  const AttentionBackend& backend_;
+  const ConformanceCase& c_;
+  Device device_;
+  Rng rng_;
+  AttentionImplParams params_;
+  std::unique_ptr<AttentionImpl> impl_;
+  std::unique_ptr<AttentionMetadataBuilder> builder_;
+  LayerQuantState layer_;
+  std::vector<float> k_scale_;
+  std::vector<float> v_scale_;
+  std::vector<int> kv_lens_;
+  std::vector<std::vector<float>> keys_;           // per request, model-dtype [kv_len, Hkv, D]
+  std::vector<std::vector<float>> values_;         // per request
+  std::vector<std::vector<float>> read_keys_;      // per request, as attention reads them
+  std::vector<std::vector<float>> read_values_;    // per request
+  std::vector<std::vector<std::int32_t>> blocks_;  // per request
+  std::optional<CacheUnderTest> cache_;
+  bool want_lse_ = false;
+};
+
+void CaseRun::make_params() {
+  const int H = c_.num_heads;
+  params_.num_heads = H;
+  params_.head_size = c_.head_size;
+  params_.scale = c_.scale.value_or(static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.head_size))));
+  params_.num_kv_heads = c_.num_kv_heads;
+  if (c_.alibi) params_.alibi_slopes = alibi_slopes(H);
+  params_.sliding_window = c_.sliding_window;
+  params_.kv_cache_dtype = c_.kv_cache_dtype;
+  params_.logits_soft_cap = c_.soft_cap;
+  params_.attn_type = c_.attn_type;
+  if (c_.sinks) {
+    for (int h = 0; h < H; ++h) params_.sinks.push_back(static_cast<float>(rng_.uniform() * kMaxSink));
+  }
+  params_.dtype = c_.dtype;
+  params_.device = device_;
+}
+
+std::int64_t CaseRun::assign_pages(const std::vector<int>& kv_lens) {
+  // Block 0 is the null block; the rest are handed out in a random order and
+  // about a quarter are left spare.
+  std::int64_t needed = 0;
+  for (const int len : kv_lens) needed += (len + c_.block_size - 1) / c_.block_size;
+  const std::int64_t num_blocks = 1 + needed + std::max<std::int64_t>(2, needed / 4);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(num_blocks - 1));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i + 1);
+  for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng_.below(i)]);
+  auto next = ids.begin();
+  for (const int len : kv_lens) {
+    const auto count = static_cast<std::ptrdiff_t>((len + c_.block_size - 1) / c_.block_size);
+    blocks_.emplace_back(next, next + count);
+    next += count;
+  }
+  return num_blocks;
+}
+
+// Per-tensor scale amax / 64, or one per KV head; 1 for unquantized caches.
+void CaseRun::make_scales() {
+  const bool per_head = c_.per_head_kv_scales;
+  const std::size_t n = per_head ? static_cast<std::size_t>(c_.num_kv_heads) : 1;
+  const auto head_size = static_cast<std::size_t>(c_.head_size);
+  auto scales = [&](const std::vector<std::vector<float>>& rows) {
+    std::vector<float> amax(n, 0.0f);
+    for (const auto& req : rows) {
+      for (std::size_t i = 0; i < req.size(); ++i) {
+        const std::size_t h = per_head ? i / head_size % n : 0;
+        amax[h] = std::max(amax[h], std::abs(req[i]));
+      }
+    }
+    for (float& a : amax) a = a > 0.0f ? a / kFp8AmaxDivisor : 1.0f;
+    return amax;
+  };
+  const bool fp8 = is_quantized_kv_cache(c_.kv_cache_dtype);
+  k_scale_ = fp8 ? scales(keys_) : std::vector<float>{1.0f};
+  v_scale_ = fp8 ? scales(values_) : std::vector<float>{1.0f};
+  const std::vector<float> one{1.0f};
+  layer_.q_scale = Tensor::from_floats(one, {1}, DType::F32, device_);
+  layer_.prob_scale = Tensor::from_floats(one, {1}, DType::F32, device_);
+  layer_.k_scale = Tensor::from_floats(k_scale_, {std::ssize(k_scale_)}, DType::F32, device_);
+  layer_.v_scale = Tensor::from_floats(v_scale_, {std::ssize(v_scale_)}, DType::F32, device_);
+  layer_.k_scale_float = k_scale_[0];
+  layer_.v_scale_float = v_scale_[0];
+}
+
+// Appends positions [first, first + count) of request r, as attention reads
+// them (through the cache's rounding / fp8 round trip when paged).
+void CaseRun::append_read_back(std::size_t r, int first, int count) {
+  const std::size_t row = static_cast<std::size_t>(c_.num_kv_heads) * c_.head_size;
+  const auto begin = static_cast<std::size_t>(first) * row;
+  const auto end = static_cast<std::size_t>(first + count) * row;
+  for (std::size_t i = begin; i < end; ++i) {
+    float k = keys_[r][i];
+    float v = values_[r][i];
+    if (cache_) {
+      const std::size_t h = i % row / static_cast<std::size_t>(c_.head_size);
+      k = cache_->read_value(k, k_scale_.size() == 1 ? k_scale_[0] : k_scale_[h]);
+      v = cache_->read_value(v, v_scale_.size() == 1 ? v_scale_[0] : v_scale_[h]);
+    }
+    read_keys_[r].push_back(k);
+    read_values_[r].push_back(v);
+  }
+}
+
+OracleProblem CaseRun::oracle_problem() const {
+  OracleProblem pb;
+  pb.num_heads = c_.num_heads;
+  pb.num_kv_heads = c_.num_kv_heads;
+  pb.head_size = c_.head_size;
+  pb.scale = static_cast<double>(params_.scale);
+  pb.attn_type = c_.attn_type;
+  pb.causal = c_.causal;
+  pb.sliding_window = c_.sliding_window;
+  if (c_.soft_cap) pb.soft_cap = static_cast<double>(*c_.soft_cap);
+  pb.alibi_slopes = params_.alibi_slopes;
+  pb.sinks = params_.sinks;
+  return pb;
+}
+
+// Records tokens (request, position) with model-dtype K/V rows `keys` /
+// `values` ([N, Hkv, D]) in the expected cache image and, with `issue_write`,
+// stores them through impl.do_kv_cache_update (backends whose forward writes
+// the cache get the new tokens that way instead).
+void CaseRun::write(const std::vector<float>& keys, const std::vector<float>& values,
+                    const std::vector<std::pair<int, int>>& tokens, const TensorView& key,
+                    const TensorView& value, const TensorView& slot_mapping, bool issue_write) {
+  const std::size_t row = static_cast<std::size_t>(c_.num_kv_heads) * c_.head_size;
+  const int bs = c_.block_size;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    const auto [r, pos] = tokens[t];
+    const std::int32_t block = blocks_[static_cast<std::size_t>(r)][static_cast<std::size_t>(pos / bs)];
+    cache_->record(static_cast<std::int64_t>(block) * bs + pos % bs, &keys[t * row], &values[t * row],
+                   k_scale_, v_scale_);
+  }
+  if (issue_write) impl_->do_kv_cache_update(layer_, key, value, cache_->view(), slot_mapping);
+}
+
+// Decoder context tokens, written before the step as earlier steps would have.
+void CaseRun::write_context() {
+  const std::size_t row = static_cast<std::size_t>(c_.num_kv_heads) * c_.head_size;
+  std::vector<float> ctx_k;
+  std::vector<float> ctx_v;
+  std::vector<std::pair<int, int>> tokens;
+  std::vector<std::int64_t> slots;
+  for (std::size_t r = 0; r < c_.batch.requests.size(); ++r) {
+    const auto [q_len, seq_len] = c_.batch.requests[r];
+    const int ctx = seq_len - q_len;
+    ctx_k.insert(ctx_k.end(), keys_[r].begin(), keys_[r].begin() + static_cast<std::ptrdiff_t>(ctx * row));
+    ctx_v.insert(ctx_v.end(), values_[r].begin(),
+                 values_[r].begin() + static_cast<std::ptrdiff_t>(ctx * row));
+    for (int pos = 0; pos < ctx; ++pos) tokens.emplace_back(static_cast<int>(r), pos);
+    const auto request_slots = slots_for_positions(blocks_[r], c_.block_size, 0, ctx);
+    slots.insert(slots.end(), request_slots.begin(), request_slots.end());
+    append_read_back(r, 0, ctx);
+  }
+  if (tokens.empty()) return;
+  const auto n = std::ssize(tokens);
+  const Tensor k = Tensor::from_floats(ctx_k, {n, c_.num_kv_heads, c_.head_size}, c_.dtype, device_);
+  const Tensor v = Tensor::from_floats(ctx_v, {n, c_.num_kv_heads, c_.head_size}, c_.dtype, device_);
+  write(ctx_k, ctx_v, tokens, k, v, Tensor::from_i64(slots, {n}, device_), true);
+}
+
+// Builds the step's inputs (writing the new K/V for the first step), the
+// oracle's answer, the backend metadata, then runs and checks forward.
+std::optional<std::string> CaseRun::prepare_and_run(Step& step, bool first_step) {
+  const int H = c_.num_heads;
+  const int Hkv = c_.num_kv_heads;
+  const int D = c_.head_size;
+  const bool cross = c_.attn_type == AttentionType::EncoderDecoder;
+  const auto q_row = static_cast<std::size_t>(H) * D;
+  const auto kv_row = static_cast<std::size_t>(Hkv) * D;
+  const auto q_host = random_rows(rng_, static_cast<std::size_t>(step.rows) * q_row, c_.dtype);
+
+  // New K/V rows: the query tokens' own keys, or (cross, first step) every encoder token.
+  std::vector<float> new_k;
+  std::vector<float> new_v;
+  std::vector<std::pair<int, int>> new_tokens;
+  OracleProblem pb = oracle_problem();
+  int first_token = 0;
+  for (std::size_t r = 0; r < kv_lens_.size(); ++r) {
+    const int q_len = step.common.query_len(static_cast<int>(r));
+    const int kv_len = kv_lens_[r];
+    if (first_step) {
+      const int first = cross ? 0 : kv_len - q_len;
+      const int count = cross ? kv_len : q_len;
+      const auto b = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first) * kv_row);
+      const auto e = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first + count) * kv_row);
+      new_k.insert(new_k.end(), keys_[r].begin() + b, keys_[r].begin() + e);
+      new_v.insert(new_v.end(), values_[r].begin() + b, values_[r].begin() + e);
+      for (int pos = first; pos < first + count; ++pos) new_tokens.emplace_back(static_cast<int>(r), pos);
+      append_read_back(r, first, count);
+    }
+    OracleRequest rq;
+    rq.query_len = q_len;
+    rq.kv_len = kv_len;
+    const auto qb =
+        q_host.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first_token) * q_row);
+    rq.query.assign(qb, qb + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q_len) * q_row));
+    rq.key = read_keys_[r];
+    rq.value = read_values_[r];
+    pb.requests.push_back(std::move(rq));
+    first_token += q_len;
+  }
+  if (step.common.num_actual_tokens != first_token) {
+    return fmt::format("{}: metadata has {} tokens, the batch {}", step.name, step.common.num_actual_tokens,
+                       first_token);
+  }
+  step.expected = dense_attention(pb);
+
+  if (!first_step) {
+    step.query = make_row_tensors({&q_host}, {H}, step.rows, D, c_.dtype, device_, c_.strided_qkv);
+  } else {
+    // Rows past the real tokens hold junk that must never be read or stored.
+    const int kv_rows = cross ? static_cast<int>(new_tokens.size()) : step.rows;
+    const auto junk = random_rows(rng_, static_cast<std::size_t>(kv_rows) * kv_row - new_k.size(), c_.dtype);
+    std::vector<float> k_rows = new_k;
+    std::vector<float> v_rows = new_v;
+    k_rows.insert(k_rows.end(), junk.begin(), junk.end());
+    v_rows.insert(v_rows.end(), junk.begin(), junk.end());
+    if (cross) {
+      step.query = make_row_tensors({&q_host}, {H}, step.rows, D, c_.dtype, device_, c_.strided_qkv);
+      step.key_value =
+          make_row_tensors({&k_rows, &v_rows}, {Hkv, Hkv}, kv_rows, D, c_.dtype, device_, c_.strided_qkv);
+    } else {
+      const RowTensors qkv = make_row_tensors({&q_host, &k_rows, &v_rows}, {H, Hkv, Hkv}, step.rows, D,
+                                              c_.dtype, device_, c_.strided_qkv);
+      step.query = {qkv.owners, {qkv.views[0]}};
+      step.key_value = {qkv.owners, {qkv.views[1], qkv.views[2]}};
+    }
+    if (cache_) {
+      write(new_k, new_v, new_tokens, step.key_value.views[0], step.key_value.views[1],
+            step.common.slot_mapping, !backend_.forward_includes_kv_cache_update());
+    }
+  }
+  step.metadata = builder_->build(step.common);
+  return forward_and_check(step);
+}
+
+std::optional<std::string> CaseRun::forward_and_check(Step& step) {
+  const int tokens = step.common.num_actual_tokens;
+  GuardedOutput out = make_output(step.rows, c_.num_heads, c_.head_size, c_.dtype, device_, c_.strided_qkv);
+  GuardedLse lse;
+  if (want_lse_) lse = make_lse(c_.num_heads, step.rows, device_);
+  const TensorView key = step.key_value.views.empty() ? TensorView{} : step.key_value.views[0];
+  const TensorView value = step.key_value.views.empty() ? TensorView{} : step.key_value.views[1];
+  const KVCacheView cache = cache_ ? cache_->view() : KVCacheView{};
+
+  std::vector<std::uint8_t> first_out;
+  std::vector<std::uint8_t> first_lse;
+  const int runs = backend_.is_deterministic() ? 2 : 1;
+  for (int run = 0; run < runs; ++run) {
+    fill_tensor_bits(out.storage, poison_bits(c_.dtype));
+    if (want_lse_) fill_tensor_bits(lse.storage, poison_bits(DType::F32));
+    impl_->forward(layer_, step.query.views[0], key, value, cache, *step.metadata, out.view, lse.view);
+    if (run == 0) {
+      first_out = to_byte_vector(out.storage);
+      if (want_lse_) first_lse = to_byte_vector(lse.storage);
+    } else if (to_byte_vector(out.storage) != first_out ||
+               (want_lse_ && to_byte_vector(lse.storage) != first_lse)) {
+      return fmt::format(
+          "{}: a second identical forward gave different bits (the backend claims determinism)", step.name);
+    }
+  }
+
+  std::vector<float> real_out;
+  std::vector<float> real_lse;
+  if (auto bad = read_output(out, tokens, real_out)) return fmt::format("{}: {}", step.name, *bad);
+  if (want_lse_) {
+    if (auto bad = read_lse(lse, step.rows, tokens, real_lse)) return fmt::format("{}: {}", step.name, *bad);
+  }
+  if (auto bad = compare_with_oracle(step.expected, real_out, real_lse, c_.dtype)) {
+    return fmt::format("{}: {}", step.name, *bad);
+  }
+  return std::nullopt;
+}
+
+CaseResult CaseRun::run() {
+  const bool cross = c_.attn_type == AttentionType::EncoderDecoder;
+  const auto kv_row = static_cast<std::size_t>(c_.num_kv_heads) * c_.head_size;
+  const auto& reqs = c_.batch.requests;
+  make_params();
+  want_lse_ = c_.want_lse && backend_.can_return_lse();
+  for (const auto& [q, s] : reqs) {
+    kv_lens_.push_back(s);
+    keys_.push_back(random_rows(rng_, static_cast<std::size_t>(s) * kv_row, c_.dtype));
+    values_.push_back(random_rows(rng_, static_cast<std::size_t>(s) * kv_row, c_.dtype));
+  }
+  read_keys_.resize(reqs.size());
+  read_values_.resize(reqs.size());
+  const std::int64_t num_blocks = assign_pages(kv_lens_);
+  make_scales();
+
+  MetadataOptions options;
+  options.block_size = c_.block_size;
+  options.causal = c_.attn_type == AttentionType::Decoder && c_.causal;
+  options.device = device_;
+  options.num_padded_slots = c_.padded_slots ? kPaddingSlots : 0;
+
+  // One step, or for cross-attention a first step that writes the encoder
+  // K/V and a decode step that only reads them.
+  std::vector<Step> steps(cross ? 2 : 1);
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    std::vector<RequestSpec> specs;
+    for (std::size_t r = 0; r < reqs.size(); ++r) {
+      const int q_len = s == 0 ? reqs[r].first : kSecondStepQueryLen;
+      specs.push_back({q_len, cross ? q_len : reqs[r].second, blocks_[r]});
+    }
+    if (cross) {
+      steps[s].name = s == 0 ? "step 1 (writes encoder K/V)" : "step 2 (reads cached encoder K/V)";
+      steps[s].common = make_cross_attention_metadata(specs, kv_lens_, s == 0, options);
+    } else {
+      steps[s].name = "forward";
+      steps[s].common = make_common_metadata(specs, options);
+    }
+    steps[s].rows = steps[s].common.num_actual_tokens + (c_.padded_slots ? kPaddingTokens : 0);
+  }
+
+  const bool per_head = c_.per_head_kv_scales && is_quantized_kv_cache(c_.kv_cache_dtype);
+  const KernelPlan plan = backend_.plan_kernel(
+      make_attention_problem(params_, c_.block_size, &steps[0].common, want_lse_, per_head));
+  if (!plan.supported()) return {CaseStatus::Skipped, join(plan.reasons)};
+
+  impl_ = backend_.make_impl(params_);
+  BuilderParams builder_params;
+  builder_params.block_size = c_.block_size;
+  builder_params.num_kv_heads = c_.num_kv_heads;
+  builder_params.head_size = c_.head_size;
+  builder_params.device = device_;
+  builder_params.layer_names = {std::string(kLayerName)};
+  builder_ = backend_.make_builder(builder_params);
+  if (is_paged(c_.attn_type)) cache_.emplace(backend_, c_, num_blocks, device_);
+  if (c_.attn_type == AttentionType::Decoder) write_context();
+
+  for (std::size_t s = 0; s < steps.size(); ++s) {
+    if (auto bad = prepare_and_run(steps[s], s == 0)) return {CaseStatus::Failed, *bad};
+  }
+  if (cache_) {
+    if (auto bad = cache_->check()) return {CaseStatus::Failed, *bad};
+  }
+  return {CaseStatus::Passed, {}};
+}
+
+void count(ConformanceSummary& summary, CaseStatus status) {
+  switch (status) {
+    case CaseStatus::Passed:
+      ++summary.passed;
+      return;
+    case CaseStatus::Failed:
+      ++summary.failed;
+      return;
+    case CaseStatus::Skipped:
+      ++summary.skipped;
+      return;
+  }
+}
+
+}  // namespace
+
+std::string_view case_status_name(CaseStatus status) {
+  switch (status) {
+    case CaseStatus::Passed:
+      return "passed";
+    case CaseStatus::Failed:
+      return "failed";
+    case CaseStatus::Skipped:
+      return "skipped";
+  }
+  return "unknown";
+}
+
+CaseResult run_conformance_case(const AttentionBackend& backend, const ConformanceCase& c, Device device) {
+  try {
+    validate_case(c);
+  } catch (const std::exception& e) {
+    return {CaseStatus::Failed, fmt::format("invalid case: {}", e.what())};
+  }
+  try {
+    if (auto reason = skip_reason(backend, c, device)) return {CaseStatus::Skipped, *reason};
+    CaseRun run(backend, c, device);
+    return run.run();
+  } catch (const std::exception& e) {
+    return {CaseStatus::Failed, fmt::format("threw: {}", e.what())};
+  }
+}
+
+ConformanceSummary run_conformance(const AttentionBackend& backend, std::string_view filter, Device device,
+                                   const CaseCallback& on_case, int max_threads) {
+  std::vector<ConformanceCase> cases;
+  for (ConformanceCase& c : conformance_grid()) {
+    if (filter.empty() || c.id().find(filter) != std::string::npos) cases.push_back(std::move(c));
+  }
+  const std::size_t n = cases.size();
+  std::vector<std::optional<CaseResult>> results(n);
+  std::atomic<std::size_t> next{0};
+  std::mutex mutex;
+  std::size_t reported = 0;
+  ConformanceSummary summary;
+  std::exception_ptr callback_error;
+
+  // Results are reported in grid order, whichever thread finishes first.
+  auto worker = [&] {
+    for (std::size_t i = next++; i < n; i = next++) {
+      CaseResult result = run_conformance_case(backend, cases[i], device);
+      const std::lock_guard lock(mutex);
+      results[i] = std::move(result);
+      for (; reported < n && results[reported]; ++reported) {
+        const CaseResult& r = *results[reported];
+        count(summary, r.status);
+        if (!on_case || callback_error) continue;
+        try {
+          on_case(cases[reported], r);
+        } catch (...) {
+          callback_error = std::current_exception();
+          next = n;
+        }
+      }
+    }
+  };
+  const auto threads = static_cast<std::size_t>(
+      std::clamp<std::int64_t>(max_threads, 1, std::max<std::int64_t>(1, std::ssize(cases))));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (callback_error) std::rethrow_exception(callback_error);
+  return summary;
+}
+
+std::string format_summary(const ConformanceSummary& s) {
+  return fmt::format("conformance: {} passed, {} failed, {} skipped", s.passed, s.failed, s.skipped);
+}
+
+}  // namespace pagedattn

@@ -1,1 +1,232 @@
-// placeholder: being written
+#include <pagedattn/backend.h>
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+namespace pagedattn {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
+}
+
+// Logical KV cache dimensions: (kv, block, slot, head, dim).
+constexpr int kKvCacheRank = 5;
+constexpr int kNumKvHalves = 2;
+
+}  // namespace
+
+std::string_view attention_type_name(AttentionType t) {
+  switch (t) {
+    case AttentionType::Decoder:
+      return "decoder";
+    case AttentionType::Encoder:
+      return "encoder";
+    case AttentionType::EncoderOnly:
+      return "encoder_only";
+    case AttentionType::EncoderDecoder:
+      return "encoder_decoder";
+  }
+  return "unknown";
+}
+
+std::optional<AttentionType> parse_attention_type(std::string_view name) {
+  for (AttentionType t : {AttentionType::Decoder, AttentionType::Encoder, AttentionType::EncoderOnly,
+                          AttentionType::EncoderDecoder}) {
+    if (lower(name) == attention_type_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
+std::string_view cache_dtype_name(CacheDType t) {
+  switch (t) {
+    case CacheDType::Auto:
+      return "auto";
+    case CacheDType::Float16:
+      return "float16";
+    case CacheDType::BFloat16:
+      return "bfloat16";
+    case CacheDType::Fp8:
+      return "fp8";
+    case CacheDType::Fp8E4M3:
+      return "fp8_e4m3";
+    case CacheDType::Fp8E5M2:
+      return "fp8_e5m2";
+  }
+  return "unknown";
+}
+
+std::optional<CacheDType> parse_cache_dtype(std::string_view name) {
+  for (CacheDType t : {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16, CacheDType::Fp8,
+                       CacheDType::Fp8E4M3, CacheDType::Fp8E5M2}) {
+    if (lower(name) == cache_dtype_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
+bool is_quantized_kv_cache(CacheDType t) {
+  return t == CacheDType::Fp8 || t == CacheDType::Fp8E4M3 || t == CacheDType::Fp8E5M2;
+}
+
+DType kv_cache_storage_dtype(CacheDType t, DType model_dtype) {
+  switch (t) {
+    case CacheDType::Auto:
+      return model_dtype;
+    case CacheDType::Float16:
+      return DType::F16;
+    case CacheDType::BFloat16:
+      return DType::BF16;
+    case CacheDType::Fp8:
+    case CacheDType::Fp8E4M3:
+      return DType::FP8_E4M3;
+    case CacheDType::Fp8E5M2:
+      return DType::FP8_E5M2;
+  }
+  return model_dtype;
+}
+
+std::string_view kv_cache_layout_name(KVCacheLayout l) { return l == KVCacheLayout::NHD ? "NHD" : "HND"; }
+
+std::optional<KVCacheLayout> parse_kv_cache_layout(std::string_view name) {
+  const std::string n = lower(name);
+  if (n == "nhd") return KVCacheLayout::NHD;
+  if (n == "hnd") return KVCacheLayout::HND;
+  return std::nullopt;
+}
+
+std::string SelectorConfig::str() const {
+  return fmt::format(
+      "SelectorConfig(head_size={}, dtype={}, kv_cache_dtype={}, block_size={}, use_mla={}, has_sink={}, "
+      "use_sparse={}, use_mm_prefix={}, use_per_head_quant_scales={}, attn_type={}, use_non_causal={}, "
+      "use_batch_invariant={}, device={}, capability={}.{})",
+      head_size, dtype, cache_dtype_name(kv_cache_dtype), block_size ? std::to_string(*block_size) : "None", use_mla,
+      has_sink, use_sparse, use_mm_prefix, use_per_head_quant_scales, attention_type_name(attn_type),
+      use_non_causal, use_batch_invariant, device, capability.major, capability.minor);
+}
+
+Dims AttentionBackend::kv_cache_shape(std::int64_t num_blocks, int block_size, int num_kv_heads, int head_size,
+                                      CacheDType /*cache_dtype*/) const {
+  check_arg(num_blocks > 0, "kv_cache_shape", "num_blocks", "> 0", num_blocks);
+  check_arg(block_size > 0, "kv_cache_shape", "block_size", "> 0", block_size);
+  check_arg(num_kv_heads > 0, "kv_cache_shape", "num_kv_heads", "> 0", num_kv_heads);
+  check_arg(head_size > 0, "kv_cache_shape", "head_size", "> 0", head_size);
+  return Dims{kNumKvHalves, num_blocks, block_size, num_kv_heads, head_size};
+}
+
+std::vector<int> AttentionBackend::kv_cache_stride_order(KVCacheLayout layout) const {
+  if (layout == KVCacheLayout::HND) return {0, 1, 3, 2, 4};
+  return {0, 1, 2, 3, 4};
+}
+
+KVCacheView AttentionBackend::unbind_kv_cache(const TensorView& kv_cache) const {
+  check_rank(kv_cache, "unbind_kv_cache", "kv_cache", kKvCacheRank);
+  check_size(kv_cache, 0, "unbind_kv_cache", "kv_cache", kNumKvHalves);
+  return KVCacheView{kv_cache.select(0, 0), kv_cache.select(0, 1)};
+}
+
+bool AttentionBackend::supports_head_size(int head_size) const {
+  const auto sizes = supported_head_sizes();
+  const bool listed = sizes.empty() || std::find(sizes.begin(), sizes.end(), head_size) != sizes.end();
+  return head_size > 0 && listed && !head_size_rule(head_size).has_value();
+}
+
+bool AttentionBackend::supports_dtype(DType dtype) const {
+  const auto dtypes = supported_dtypes();
+  return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
+}
+
+bool AttentionBackend::supports_kv_cache_dtype(CacheDType t) const {
+  const auto dtypes = supported_kv_cache_dtypes();
+  return dtypes.empty() || std::find(dtypes.begin(), dtypes.end(), t) != dtypes.end();
+}
+
+bool AttentionBackend::supports_block_size(std::optional<int> block_size) const {
+  if (!block_size) return true;
+  if (*block_size <= 0) return false;
+  const auto sizes = supported_kernel_block_sizes();
+  if (sizes.empty()) return true;
+  // A cache block size only needs to be a multiple of a kernel block size
+  // (vLLM splits each manager block into kernel blocks).
+  return std::any_of(sizes.begin(), sizes.end(), [&](const KernelBlockSize& s) {
+    if (const auto* m = std::get_if<MultipleOf>(&s)) return *block_size % m->base == 0;
+    return *block_size % std::get<int>(s) == 0;
+  });
+}
+
+int AttentionBackend::preferred_block_size(int default_size) const {
+  if (supports_block_size(default_size)) return default_size;
+  int best = 0;
+  for (const KernelBlockSize& s : supported_kernel_block_sizes()) {
+    const int size = std::holds_alternative<MultipleOf>(s) ? std::get<MultipleOf>(s).base : std::get<int>(s);
+    if (best == 0 || size < best) best = size;
+  }
+  return best == 0 ? default_size : best;
+}
+
+std::vector<std::string> AttentionBackend::validate_configuration(const SelectorConfig& cfg) const {
+  std::vector<std::string> reasons;
+  if (!supports_head_size(cfg.head_size)) reasons.emplace_back("head_size not supported");
+  if (!supports_dtype(cfg.dtype)) reasons.emplace_back("dtype not supported");
+  if (!supports_kv_cache_dtype(cfg.kv_cache_dtype)) reasons.emplace_back("kv_cache_dtype not supported");
+  if (!supports_block_size(cfg.block_size)) reasons.emplace_back("block_size not supported");
+  if (cfg.use_mm_prefix && !supports_mm_prefix()) {
+    reasons.emplace_back("partial multimodal token full attention not supported");
+  }
+  if (cfg.use_mla != is_mla()) reasons.emplace_back(cfg.use_mla ? "MLA not supported" : "non-MLA not supported");
+  if (cfg.has_sink && !supports_sink()) reasons.emplace_back("attention sinks not supported");
+  if (cfg.use_sparse != is_sparse()) {
+    reasons.emplace_back(cfg.use_sparse ? "sparse not supported" : "non-sparse not supported");
+  }
+  if (cfg.use_per_head_quant_scales && !supports_per_head_quant_scales()) {
+    reasons.emplace_back("per-head quant scales not supported");
+  }
+  if (!supports_compute_capability(cfg.capability)) reasons.emplace_back("compute capability not supported");
+  if (!supports_attn_type(cfg.attn_type)) {
+    reasons.push_back(fmt::format("attention type {} not supported", attention_type_name(cfg.attn_type)));
+  }
+  if (cfg.use_non_causal && !supports_non_causal()) reasons.emplace_back("non-causal attention not supported");
+  if (cfg.use_batch_invariant && !supports_batch_invariance()) {
+    reasons.emplace_back("batch invariance not supported");
+  }
+  if (auto combination = supports_combination(cfg)) reasons.push_back(std::move(*combination));
+  return reasons;
+}
+
+AttentionProblem make_attention_problem(const AttentionImplParams& params, int block_size,
+                                        const CommonAttentionMetadata* common, bool wants_lse,
+                                        bool per_head_kv_scales) {
+  AttentionProblem p;
+  p.num_heads = params.num_heads;
+  p.num_kv_heads = params.num_kv_heads;
+  p.head_size = params.head_size;
+  p.dtype = params.dtype;
+  p.kv_storage_dtype = kv_cache_storage_dtype(params.kv_cache_dtype, params.dtype);
+  p.block_size = block_size;
+  p.attn_type = params.attn_type;
+  p.causal = params.attn_type == AttentionType::Decoder && (common == nullptr || common->causal);
+  p.has_sliding_window = params.sliding_window.has_value();
+  p.has_soft_cap = params.logits_soft_cap.has_value() && *params.logits_soft_cap > 0.0f;
+  p.has_alibi = !params.alibi_slopes.empty();
+  p.has_sinks = !params.sinks.empty();
+  p.per_head_kv_scales = per_head_kv_scales;
+  p.wants_lse = wants_lse;
+  if (common != nullptr) {
+    p.num_reqs = common->num_reqs;
+    p.num_tokens = common->num_actual_tokens;
+    p.max_query_len = common->max_query_len;
+    p.max_seq_len = common->max_seq_len;
+  }
+  return p;
+}
+
+void require_supported(const KernelPlan& plan, std::string_view backend_name) {
+  if (plan.supported()) return;
+  std::string joined;
+  for (const std::string& r : plan.reasons) joined += (joined.empty() ? "" : "; ") + r;
+  throw_unsupported(backend_name, fmt::format("this call is not supported: {}", joined));
+}
+
+}  // namespace pagedattn

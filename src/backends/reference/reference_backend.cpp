@@ -1,1 +1,309 @@
-// placeholder: being written
+#include "reference_backend.h"
+
+#include <pagedattn/error.h>
+#include <pagedattn/ops.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/reference_attention.h"
+
+namespace pagedattn {
+
+namespace {
+
+constexpr std::string_view kKernelName = "reference_fp64";
+constexpr std::string_view kImplWhere = "REFERENCE impl";
+constexpr std::string_view kForwardWhere = "REFERENCE forward";
+constexpr std::string_view kUpdateWhere = "REFERENCE do_kv_cache_update";
+constexpr std::string_view kBuilderWhere = "REFERENCE builder";
+
+// Element types the kernel can read from a cache.
+constexpr DType kCacheStorageDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::FP8_E4M3,
+                                         DType::FP8_E5M2};
+
+bool uses_paged_cache(AttentionType t) {
+  return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder;
+}
+
+void check_rows_operand(const TensorView& t, std::string_view name, std::int64_t min_rows, std::int64_t heads,
+                        std::int64_t head_size, DType dtype) {
+  check_rank(t, kForwardWhere, name, 3);
+  check_dtype(t, kForwardWhere, name, dtype);
+  check_device(t, kForwardWhere, name, Device::cpu());
+  check_size(t, 1, kForwardWhere, name, heads);
+  check_size(t, 2, kForwardWhere, name, head_size);
+  check_last_dim_contiguous(t, kForwardWhere, name);
+  check_arg(t.size(0) >= min_rows, kForwardWhere, fmt::format("{}.size(0)", name),
+            fmt::format(">= num_actual_tokens ({})", min_rows), t.size(0));
+}
+
+// One half of the paged cache: [NB, BS, Hkv, D], any strides.
+void check_cache_half(const TensorView& t, std::string_view name, DType storage, int num_kv_heads,
+                      int head_size) {
+  check_rank(t, kForwardWhere, name, 4);
+  check_dtype(t, kForwardWhere, name, storage);
+  check_device(t, kForwardWhere, name, Device::cpu());
+  check_size(t, 2, kForwardWhere, name, num_kv_heads);
+  check_size(t, 3, kForwardWhere, name, head_size);
+}
+
+reference::RowsOperand rows_operand(const TensorView& t) {
+  return {t.data(), t.dtype(), t.stride(0), t.stride(1)};
+}
+
+reference::CacheOperand cache_operand(const TensorView& t) {
+  return {t.data(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+}
+
+// Per-tensor ([1]) or per-KV-head ([Hkv]) f32 dequantization scale.
+void check_kv_scale(const TensorView& scale, std::string_view name, int num_kv_heads) {
+  check_arg(scale.defined(), kForwardWhere, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache",
+            "undefined");
+  check_rank(scale, kForwardWhere, name, 1);
+  check_dtype(scale, kForwardWhere, name, DType::F32);
+  check_device(scale, kForwardWhere, name, Device::cpu());
+  check_last_dim_contiguous(scale, kForwardWhere, name);
+  check_arg(scale.size(0) == 1 || scale.size(0) == num_kv_heads, kForwardWhere,
+            fmt::format("{}.size(0)", name), fmt::format("1 or num_kv_heads ({})", num_kv_heads),
+            scale.size(0));
+}
+
+class ReferenceImpl final : public AttentionImpl {
+ public:
+  ReferenceImpl(AttentionImplParams params, const ReferenceBackend& backend)
+      : AttentionImpl(std::move(params)), backend_(backend) {
+    const AttentionImplParams& p = params_;
+    check_arg(p.num_heads > 0, kImplWhere, "num_heads", "> 0", p.num_heads);
+    check_arg(p.num_kv_heads > 0, kImplWhere, "num_kv_heads", "> 0", p.num_kv_heads);
+    check_arg(p.num_heads % p.num_kv_heads == 0, kImplWhere, "num_heads",
+              fmt::format("a multiple of num_kv_heads ({})", p.num_kv_heads), p.num_heads);
+    check_arg(p.head_size > 0, kImplWhere, "head_size", "> 0", p.head_size);
+    check_arg(p.alibi_slopes.empty() || std::ssize(p.alibi_slopes) == p.num_heads, kImplWhere,
+              "alibi_slopes.size()", fmt::format("0 or num_heads ({})", p.num_heads), p.alibi_slopes.size());
+    check_arg(p.sinks.empty() || std::ssize(p.sinks) == p.num_heads, kImplWhere, "sinks.size()",
+              fmt::format("0 or num_heads ({})", p.num_heads), p.sinks.size());
+    if (p.sliding_window)
+      check_arg(*p.sliding_window > 0, kImplWhere, "sliding_window", "> 0", *p.sliding_window);
+    if (p.logits_soft_cap) {
+      check_arg(*p.logits_soft_cap >= 0.0f, kImplWhere, "logits_soft_cap", ">= 0", *p.logits_soft_cap);
+    }
+    check_arg(p.device.is_cpu(), kImplWhere, "device", "cpu", p.device);
+    require_supported(backend_.plan_kernel(make_attention_problem(p, 0, nullptr, false, false)),
+                      backend_.name());
+  }
+
+  void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+               const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+               const TensorView& output, const TensorView& lse) override;
+
+  void do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
+                          const KVCacheView& kv_cache, const TensorView& slot_mapping) override {
+    check_arg(kv_cache.defined(), kUpdateWhere, "kv_cache", "a bound KV cache", "undefined");
+    reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, params_.kv_cache_dtype,
+                      layer.k_scale, layer.v_scale);
+  }
+
+  std::string_view class_name() const override { return "ReferenceAttentionImpl"; }
+
+ private:
+  const ReferenceBackend& backend_;
+};
+
+void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                            const TensorView& value, const KVCacheView& kv_cache,
+                            const BackendMetadata& metadata, const TensorView& output,
+                            const TensorView& lse) {
+  const AttentionImplParams& p = params_;
+  const CommonAttentionMetadata& common = metadata.common;
+  const int tokens = common.num_actual_tokens;
+  const bool paged = uses_paged_cache(p.attn_type);
+
+  check_arg(common.device().is_cpu(), kForwardWhere, "metadata device", "cpu", common.device());
+  check_rows_operand(query, "query", tokens, p.num_heads, p.head_size, p.dtype);
+  check_rank(output, kForwardWhere, "output", 3);
+  check_device(output, kForwardWhere, "output", Device::cpu());
+  check_arg(backend_.supports_dtype(output.dtype()), kForwardWhere, "output dtype", "f32, f16 or bf16",
+            output.dtype());
+  check_rows_operand(output, "output", tokens, p.num_heads, p.head_size, output.dtype());
+  if (lse.defined()) {
+    check_rank(lse, kForwardWhere, "lse", 2);
+    check_dtype(lse, kForwardWhere, "lse", DType::F32);
+    check_device(lse, kForwardWhere, "lse", Device::cpu());
+    check_size(lse, 0, kForwardWhere, "lse", p.num_heads);
+    check_arg(lse.size(1) >= tokens, kForwardWhere, "lse.size(1)",
+              fmt::format(">= num_actual_tokens ({})", tokens), lse.size(1));
+  }
+
+  std::int64_t num_blocks = 0;
+  int block_size = common.block_size;
+  const DType storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
+  const bool fp8 = is_quantized_kv_cache(p.kv_cache_dtype);
+  if (paged) {
+    check_arg(kv_cache.defined(), kForwardWhere, "kv_cache", "a bound KV cache", "undefined");
+    check_cache_half(kv_cache.key, "kv_cache.key", storage, p.num_kv_heads, p.head_size);
+    check_cache_half(kv_cache.value, "kv_cache.value", storage, p.num_kv_heads, p.head_size);
+    check_arg(kv_cache.value.shape() == kv_cache.key.shape(), kForwardWhere, "kv_cache.value shape",
+              kv_cache.key.shape().str(), kv_cache.value.shape().str());
+    num_blocks = kv_cache.num_blocks();
+    if (common.block_size > 0) {
+      check_arg(kv_cache.block_size() == common.block_size, kForwardWhere, "kv_cache block size",
+                fmt::format("metadata block_size ({})", common.block_size), kv_cache.block_size());
+    }
+    block_size = kv_cache.block_size();
+    if (fp8) {
+      check_kv_scale(layer.k_scale, "k_scale", p.num_kv_heads);
+      check_kv_scale(layer.v_scale, "v_scale", p.num_kv_heads);
+      check_arg(layer.v_scale.size(0) == layer.k_scale.size(0), kForwardWhere, "v_scale.size(0)",
+                fmt::format("k_scale.size(0) ({})", layer.k_scale.size(0)), layer.v_scale.size(0));
+    }
+  } else {
+    check_rows_operand(key, "key", tokens, p.num_kv_heads, p.head_size, p.dtype);
+    check_rows_operand(value, "value", tokens, p.num_kv_heads, p.head_size, p.dtype);
+  }
+  common.validate(kForwardWhere, num_blocks);
+  check_last_dim_contiguous(common.block_table_cpu, kForwardWhere, "block_table");
+  if (!paged) {
+    for (int r = 0; r < common.num_reqs; ++r) {
+      check_arg(common.seq_len(r) == common.query_len(r), kForwardWhere, fmt::format("seq_lens[{}]", r),
+                fmt::format("query_len ({}) for {} attention", common.query_len(r),
+                            attention_type_name(p.attn_type)),
+                common.seq_len(r));
+    }
+  }
+  const bool per_head_scales = paged && fp8 && layer.k_scale.size(0) > 1;
+  require_supported(
+      backend_.plan_kernel(make_attention_problem(p, block_size, &common, lse.defined(), per_head_scales)),
+      backend_.name());
+
+  reference::ReferenceAttentionParams k;
+  k.num_heads = p.num_heads;
+  k.num_kv_heads = p.num_kv_heads;
+  k.head_size = p.head_size;
+  k.scale = static_cast<double>(p.scale);
+  k.causal = p.attn_type == AttentionType::Decoder && common.causal;
+  // Cross-attention has no window (DESIGN.md section 5).
+  if (p.sliding_window && p.attn_type != AttentionType::EncoderDecoder) {
+    k.sliding_window = *p.sliding_window;
+    k.window_form = p.attn_type == AttentionType::Decoder ? reference::WindowForm::Left
+                                                          : reference::WindowForm::Bidirectional;
+  }
+  k.soft_cap = static_cast<double>(p.logits_soft_cap.value_or(0.0f));
+  k.alibi_slopes = p.alibi_slopes.empty() ? nullptr : p.alibi_slopes.data();
+  k.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
+
+  k.num_reqs = common.num_reqs;
+  k.num_actual_tokens = tokens;
+  k.query_start_loc = common.query_start_loc_host().data();
+  k.seq_lens = common.seq_lens_host().data();
+  k.block_table = static_cast<const std::int32_t*>(common.block_table_cpu.data());
+  k.block_table_row_stride = common.block_table_cpu.stride(0);
+  k.max_blocks_per_seq = common.block_table_cpu.size(1);
+
+  k.query = rows_operand(query);
+  if (paged) {
+    k.key_source = reference::KeySource::PagedCache;
+    k.key_cache = cache_operand(kv_cache.key);
+    k.value_cache = cache_operand(kv_cache.value);
+    k.cache_dtype = storage;
+    k.num_blocks = num_blocks;
+    k.block_size = block_size;
+    if (fp8) {
+      k.k_scale = static_cast<const float*>(layer.k_scale.data());
+      k.v_scale = static_cast<const float*>(layer.v_scale.data());
+      k.num_kv_scales = static_cast<int>(layer.k_scale.size(0));
+    }
+  } else {
+    k.key_source = reference::KeySource::DenseRows;
+    k.key = rows_operand(key);
+    k.value = rows_operand(value);
+  }
+
+  k.output = output.data();
+  k.output_dtype = output.dtype();
+  k.output_row_stride = output.stride(0);
+  k.output_head_stride = output.stride(1);
+  if (lse.defined()) {
+    k.lse = static_cast<float*>(lse.data());
+    k.lse_head_stride = lse.stride(0);
+    k.lse_token_stride = lse.stride(1);
+  }
+
+  // Host scratch: this backend runs on the CPU and is never graph-captured.
+  std::vector<double> scratch(reference::reference_attention_scratch_len(k));
+  k.scratch = scratch.data();
+  k.scratch_len = scratch.size();
+  if (const auto status = reference::reference_attention(k); status != reference::ReferenceStatus::Ok) {
+    throw Error(ErrorKind::InvalidArgument, fmt::format("{}: kernel rejected the batch: {}", kForwardWhere,
+                                                        reference::reference_status_name(status)));
+  }
+}
+
+class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
+ public:
+  explicit ReferenceMetadataBuilder(BuilderParams params) : params_(std::move(params)) {
+    check_arg(params_.block_size > 0, kBuilderWhere, "block_size", "> 0", params_.block_size);
+    check_arg(params_.device.is_cpu(), kBuilderWhere, "device", "cpu", params_.device);
+  }
+
+  std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
+    common.validate(kBuilderWhere);
+    check_arg(common.device().is_cpu(), kBuilderWhere, "metadata device", "cpu", common.device());
+    if (common.block_size > 0) {
+      check_arg(common.block_size == params_.block_size, kBuilderWhere, "metadata block_size",
+                fmt::format("the builder's block_size ({})", params_.block_size), common.block_size);
+    }
+    auto metadata = std::make_shared<BackendMetadata>();
+    metadata->common = common;
+    return metadata;
+  }
+
+ private:
+  BuilderParams params_;
+};
+
+}  // namespace
+
+std::vector<DType> ReferenceBackend::supported_dtypes() const {
+  return {DType::F32, DType::F16, DType::BF16};
+}
+
+std::vector<CacheDType> ReferenceBackend::supported_kv_cache_dtypes() const {
+  return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16,
+          CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
+}
+
+KernelPlan ReferenceBackend::plan_kernel(const AttentionProblem& problem) const {
+  KernelPlan plan;
+  if (!supports_dtype(problem.dtype))
+    plan.reasons.push_back(fmt::format("dtype {} not supported", problem.dtype));
+  if (std::find(std::begin(kCacheStorageDTypes), std::end(kCacheStorageDTypes), problem.kv_storage_dtype) ==
+      std::end(kCacheStorageDTypes)) {
+    plan.reasons.push_back(fmt::format("kv cache storage dtype {} not supported", problem.kv_storage_dtype));
+  }
+  if (problem.head_size <= 0)
+    plan.reasons.push_back(fmt::format("head_size {} not supported", problem.head_size));
+  if (problem.num_heads <= 0 || problem.num_kv_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
+    plan.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
+                                       problem.num_heads, problem.num_kv_heads));
+  }
+  if (plan.supported()) {
+    plan.kernel = kKernelName;
+    plan.workspace_bytes = 0;
+  }
+  return plan;
+}
+
+std::unique_ptr<AttentionImpl> ReferenceBackend::make_impl(const AttentionImplParams& params) const {
+  return std::make_unique<ReferenceImpl>(params, *this);
+}
+
+std::unique_ptr<AttentionMetadataBuilder> ReferenceBackend::make_builder(const BuilderParams& params) const {
+  return std::make_unique<ReferenceMetadataBuilder>(params);
+}
+
+void register_reference_backend(BackendRegistry& registry) {
+  registry.add(std::make_unique<ReferenceBackend>(), kOnlyWhenAsked);
+}
+
+}  // namespace pagedattn

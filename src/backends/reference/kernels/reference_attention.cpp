@@ -1,1 +1,194 @@
-// placeholder: being written
+#include "reference_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace pagedattn::reference {
+
+namespace {
+
+// Scratch layout per row: the query, one key/value row, the output
+// accumulator (head_size doubles each), then one score per visible key.
+constexpr std::size_t kRowBuffers = 3;
+
+const std::byte* at(const void* base, std::int64_t elements, DType t) {
+  return static_cast<const std::byte*>(base) + elements * static_cast<std::int64_t>(dtype_size(t));
+}
+
+// Converts n elements (stride `stride`) to doubles, times `scale`.
+void load_row(const std::byte* p, DType t, std::int64_t stride, int n, double scale, double* dst) {
+  const auto step = stride * static_cast<std::int64_t>(dtype_size(t));
+  for (int d = 0; d < n; ++d) dst[d] = static_cast<double>(load_as_float(p + d * step, t)) * scale;
+}
+
+int request_keys(const ReferenceAttentionParams& p, int r) {
+  if (p.key_source == KeySource::DenseRows) return p.query_start_loc[r + 1] - p.query_start_loc[r];
+  return p.seq_lens[r];
+}
+
+// Checks the batch and every block-table entry that will be read, so that a
+// bad argument is reported before any output is written.
+ReferenceStatus check_batch(const ReferenceAttentionParams& p) {
+  if (p.num_reqs < 0 || p.query_start_loc[0] < 0) return ReferenceStatus::BadBatch;
+  for (int r = 0; r < p.num_reqs; ++r) {
+    if (p.query_start_loc[r + 1] < p.query_start_loc[r]) return ReferenceStatus::BadBatch;
+    const int keys = request_keys(p, r);
+    if (keys < 0) return ReferenceStatus::BadBatch;
+    if (p.key_source != KeySource::PagedCache) continue;
+    const std::int64_t blocks = (static_cast<std::int64_t>(keys) + p.block_size - 1) / p.block_size;
+    if (blocks > p.max_blocks_per_seq) return ReferenceStatus::BlockTableTooShort;
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int32_t id = p.block_table[r * p.block_table_row_stride + b];
+      if (id < 0 || id >= p.num_blocks) return ReferenceStatus::BlockOutOfRange;
+    }
+  }
+  return ReferenceStatus::Ok;
+}
+
+struct RowContext {
+  int request = 0;
+  int kv_head = 0;
+  int first_row = 0;  // row of key 0 for DenseRows
+};
+
+const std::byte* key_or_value_row(const ReferenceAttentionParams& p, const RowContext& row, int j,
+                                  bool value) {
+  if (p.key_source == KeySource::DenseRows) {
+    const RowsOperand& op = value ? p.value : p.key;
+    return at(op.data, (row.first_row + j) * op.row_stride + row.kv_head * op.head_stride, op.dtype);
+  }
+  const CacheOperand& c = value ? p.value_cache : p.key_cache;
+  const std::int64_t block = p.block_table[row.request * p.block_table_row_stride + j / p.block_size];
+  const std::int64_t slot = j % p.block_size;
+  return at(c.data, block * c.block_stride + slot * c.slot_stride + row.kv_head * c.head_stride,
+            p.cache_dtype);
+}
+
+std::int64_t row_dim_stride(const ReferenceAttentionParams& p, bool value) {
+  if (p.key_source == KeySource::DenseRows) return 1;
+  return value ? p.value_cache.dim_stride : p.key_cache.dim_stride;
+}
+
+double kv_scale(const ReferenceAttentionParams& p, const float* scales, int kv_head) {
+  if (scales == nullptr) return 1.0;
+  return static_cast<double>(scales[p.num_kv_scales == 1 ? 0 : kv_head]);
+}
+
+// One (token, head) row: scores, softmax (with the sink in the denominator) and
+// the weighted sum of values, all in double.
+void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int head, int token, int position,
+                int num_keys, double* scratch) {
+  const int d_size = p.head_size;
+  double* q = scratch;
+  double* kv = q + d_size;
+  double* acc = kv + d_size;
+  double* scores = acc + d_size;
+
+  // Visible keys form one interval [lo, hi) (DESIGN.md section 5).
+  int lo = 0;
+  int hi = num_keys;
+  if (p.causal) hi = std::min(hi, position + 1);
+  if (p.sliding_window > 0) {
+    lo = std::max(lo, position - p.sliding_window + 1);
+    hi = std::min(hi, p.window_form == WindowForm::Left ? position + 1 : position + p.sliding_window);
+  }
+
+  void* out =
+      static_cast<std::byte*>(p.output) + (token * p.output_row_stride + head * p.output_head_stride) *
+                                              static_cast<std::int64_t>(dtype_size(p.output_dtype));
+  const auto out_step = static_cast<std::int64_t>(dtype_size(p.output_dtype));
+  float* lse = p.lse == nullptr ? nullptr : p.lse + head * p.lse_head_stride + token * p.lse_token_stride;
+  if (lo >= hi) {
+    for (int d = 0; d < d_size; ++d)
+      store_from_float(static_cast<std::byte*>(out) + d * out_step, p.output_dtype, 0.0f);
+    if (lse != nullptr) *lse = -std::numeric_limits<float>::infinity();
+    return;
+  }
+
+  load_row(at(p.query.data, token * p.query.row_stride + head * p.query.head_stride, p.query.dtype),
+           p.query.dtype, 1, d_size, 1.0, q);
+  const double k_scale = kv_scale(p, p.k_scale, row.kv_head);
+  const double slope = p.alibi_slopes == nullptr ? 0.0 : static_cast<double>(p.alibi_slopes[head]);
+  double max_score = -std::numeric_limits<double>::infinity();
+  for (int j = lo; j < hi; ++j) {
+    load_row(key_or_value_row(p, row, j, false),
+             p.key_source == KeySource::DenseRows ? p.key.dtype : p.cache_dtype, row_dim_stride(p, false),
+             d_size, k_scale, kv);
+    double dot = 0.0;
+    for (int d = 0; d < d_size; ++d) dot += q[d] * kv[d];
+    double s = p.scale * dot;
+    if (p.soft_cap > 0.0) s = p.soft_cap * std::tanh(s / p.soft_cap);
+    s += slope * static_cast<double>(j - position);
+    scores[j - lo] = s;
+    max_score = std::max(max_score, s);
+  }
+  const bool has_sink = p.sinks != nullptr;
+  const double sink = has_sink ? static_cast<double>(p.sinks[head]) : 0.0;
+  if (has_sink) max_score = std::max(max_score, sink);
+
+  double denom = has_sink ? std::exp(sink - max_score) : 0.0;
+  std::fill(acc, acc + d_size, 0.0);
+  const double v_scale = kv_scale(p, p.v_scale, row.kv_head);
+  for (int j = lo; j < hi; ++j) {
+    const double w = std::exp(scores[j - lo] - max_score);
+    denom += w;
+    load_row(key_or_value_row(p, row, j, true),
+             p.key_source == KeySource::DenseRows ? p.value.dtype : p.cache_dtype, row_dim_stride(p, true),
+             d_size, v_scale, kv);
+    for (int d = 0; d < d_size; ++d) acc[d] += w * kv[d];
+  }
+  for (int d = 0; d < d_size; ++d) {
+    store_from_float(static_cast<std::byte*>(out) + d * out_step, p.output_dtype,
+                     static_cast<float>(acc[d] / denom));
+  }
+  // With a sink the LSE is that of the full denominator, sink term included.
+  if (lse != nullptr) *lse = static_cast<float>(max_score + std::log(denom));
+}
+
+}  // namespace
+
+const char* reference_status_name(ReferenceStatus status) {
+  switch (status) {
+    case ReferenceStatus::Ok:
+      return "ok";
+    case ReferenceStatus::ScratchTooSmall:
+      return "scratch buffer too small";
+    case ReferenceStatus::BlockOutOfRange:
+      return "block table entry outside the KV cache";
+    case ReferenceStatus::BlockTableTooShort:
+      return "block table row too short for seq_len";
+    case ReferenceStatus::BadBatch:
+      return "inconsistent query_start_loc / seq_lens";
+  }
+  return "unknown status";
+}
+
+std::size_t reference_attention_scratch_len(const ReferenceAttentionParams& params) {
+  int max_keys = 0;
+  for (int r = 0; r < params.num_reqs; ++r) max_keys = std::max(max_keys, request_keys(params, r));
+  return kRowBuffers * static_cast<std::size_t>(params.head_size) + static_cast<std::size_t>(max_keys);
+}
+
+ReferenceStatus reference_attention(const ReferenceAttentionParams& params) {
+  if (const ReferenceStatus status = check_batch(params); status != ReferenceStatus::Ok) return status;
+  if (params.scratch_len < reference_attention_scratch_len(params)) return ReferenceStatus::ScratchTooSmall;
+  const int group = params.num_heads / params.num_kv_heads;
+  for (int r = 0; r < params.num_reqs; ++r) {
+    const int first = params.query_start_loc[r];
+    const int q_len = params.query_start_loc[r + 1] - first;
+    const int num_keys = request_keys(params, r);
+    const int context_len = num_keys - q_len;
+    for (int i = 0; i < q_len; ++i) {
+      const int token = first + i;
+      if (token >= params.num_actual_tokens) break;
+      for (int h = 0; h < params.num_heads; ++h) {
+        const RowContext row{r, h / group, first};
+        attend_row(params, row, h, token, context_len + i, num_keys, params.scratch);
+      }
+    }
+  }
+  return ReferenceStatus::Ok;
+}
+
+}  // namespace pagedattn::reference

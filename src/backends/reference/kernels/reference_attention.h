@@ -1,0 +1,114 @@
+// The REFERENCE attention kernel: scalar, fp64 accumulation, no tiling, one
+// (token, head) row at a time. It implements DESIGN.md section 5 literally so
+// that it can serve as the oracle every other backend is checked against.
+//
+// Raw pointers and a POD params struct only (no core headers): the backend
+// validates every argument before filling the struct.
+#pragma once
+
+#include <pagedattn/scalar.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pagedattn::reference {
+
+// Where the keys and values of a request come from.
+enum class KeySource : std::uint8_t {
+  PagedCache,  // decoder and cross-attention: key j of request r lives in the paged cache
+  DenseRows,   // encoder / encoder-only: keys are the request's own rows of key/value
+};
+
+// Which sliding-window form applies (DESIGN.md section 5).
+enum class WindowForm : std::uint8_t {
+  Left,           // decoder: p - W < j <= p
+  Bidirectional,  // encoder / encoder-only: |p - j| <= W - 1
+};
+
+// A strided 3-D operand [rows, heads, head_size]; the last dimension is contiguous.
+struct RowsOperand {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  std::int64_t row_stride = 0;   // elements between consecutive rows
+  std::int64_t head_stride = 0;  // elements between consecutive heads
+};
+
+// One half (K or V) of the paged cache, logically [num_blocks, block_size, Hkv, D].
+struct CacheOperand {
+  const void* data = nullptr;
+  std::int64_t block_stride = 0;
+  std::int64_t slot_stride = 0;
+  std::int64_t head_stride = 0;
+  std::int64_t dim_stride = 1;
+};
+
+struct ReferenceAttentionParams {
+  // ---- problem ----
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_size = 0;
+  double scale = 1.0;
+  bool causal = true;      // only meaningful for the decoder
+  int sliding_window = 0;  // 0 = no window
+  WindowForm window_form = WindowForm::Left;
+  double soft_cap = 0.0;                // <= 0 = off
+  const float* alibi_slopes = nullptr;  // [num_heads] or null
+  const float* sinks = nullptr;         // [num_heads] or null
+
+  // ---- batch (host memory) ----
+  int num_reqs = 0;
+  int num_actual_tokens = 0;
+  const std::int32_t* query_start_loc = nullptr;  // [num_reqs + 1]
+  const std::int32_t* seq_lens = nullptr;         // [num_reqs]; ignored for DenseRows
+  const std::int32_t* block_table = nullptr;      // [num_reqs, block_table_row_stride]
+  std::int64_t block_table_row_stride = 0;
+  std::int64_t max_blocks_per_seq = 0;  // valid entries per block-table row
+
+  // ---- inputs ----
+  RowsOperand query;  // [T, H, D]
+  KeySource key_source = KeySource::PagedCache;
+  RowsOperand key;           // [T, Hkv, D], DenseRows only
+  RowsOperand value;         // [T, Hkv, D], DenseRows only
+  CacheOperand key_cache;    // PagedCache only
+  CacheOperand value_cache;  // PagedCache only
+  DType cache_dtype = DType::BF16;
+  std::int64_t num_blocks = 0;
+  int block_size = 0;
+  // Dequantization scales of an fp8 cache (null otherwise): [num_kv_scales]
+  // with num_kv_scales 1 (per tensor) or num_kv_heads (per KV head).
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  int num_kv_scales = 0;
+
+  // ---- outputs ----
+  void* output = nullptr;  // [T, H, D], rows < num_actual_tokens written
+  DType output_dtype = DType::F32;
+  std::int64_t output_row_stride = 0;
+  std::int64_t output_head_stride = 0;
+  float* lse = nullptr;  // [H, T] or null
+  std::int64_t lse_head_stride = 0;
+  std::int64_t lse_token_stride = 0;
+
+  // ---- scratch (host memory owned by the caller) ----
+  double* scratch = nullptr;
+  std::size_t scratch_len = 0;  // at least reference_attention_scratch_len(params)
+};
+
+enum class ReferenceStatus : std::uint8_t {
+  Ok = 0,
+  ScratchTooSmall,
+  BlockOutOfRange,     // a block-table entry addresses no block of the cache
+  BlockTableTooShort,  // seq_len needs more blocks than a row holds
+  BadBatch,            // query_start_loc / seq_lens inconsistent
+};
+
+const char* reference_status_name(ReferenceStatus status);
+
+// Doubles of scratch the kernel needs for these params (reads the host batch arrays).
+std::size_t reference_attention_scratch_len(const ReferenceAttentionParams& params);
+
+// Computes attention for every row < num_actual_tokens. On a non-Ok status the
+// output may be partially written.
+ReferenceStatus reference_attention(const ReferenceAttentionParams& params);
+
+}  // namespace pagedattn::reference
