@@ -1,17 +1,13 @@
 #include <pagedattn/backend.h>
 
+#include "core/strings.h"
+
 #include <algorithm>
 #include <cctype>
 #include <string>
 
 namespace pagedattn {
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
-  return out;
-}
 
 // Logical KV cache dimensions: (kv, block, slot, head, dim).
 constexpr int kKvCacheRank = 5;
@@ -36,7 +32,7 @@ std::string_view attention_type_name(AttentionType t) {
 std::optional<AttentionType> parse_attention_type(std::string_view name) {
   for (AttentionType t : {AttentionType::Decoder, AttentionType::Encoder, AttentionType::EncoderOnly,
                           AttentionType::EncoderDecoder}) {
-    if (lower(name) == attention_type_name(t)) return t;
+    if (detail::iequals(name, attention_type_name(t))) return t;
   }
   return std::nullopt;
 }
@@ -62,7 +58,7 @@ std::string_view cache_dtype_name(CacheDType t) {
 std::optional<CacheDType> parse_cache_dtype(std::string_view name) {
   for (CacheDType t : {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16, CacheDType::Fp8,
                        CacheDType::Fp8E4M3, CacheDType::Fp8E5M2}) {
-    if (lower(name) == cache_dtype_name(t)) return t;
+    if (detail::iequals(name, cache_dtype_name(t))) return t;
   }
   return std::nullopt;
 }
@@ -91,7 +87,7 @@ DType kv_cache_storage_dtype(CacheDType t, DType model_dtype) {
 std::string_view kv_cache_layout_name(KVCacheLayout l) { return l == KVCacheLayout::NHD ? "NHD" : "HND"; }
 
 std::optional<KVCacheLayout> parse_kv_cache_layout(std::string_view name) {
-  const std::string n = lower(name);
+  const std::string n = detail::to_lower(name);
   if (n == "nhd") return KVCacheLayout::NHD;
   if (n == "hnd") return KVCacheLayout::HND;
   return std::nullopt;

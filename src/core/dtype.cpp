@@ -1,5 +1,7 @@
 #include <pagedattn/dtype.h>
 
+#include "core/strings.h"
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -9,12 +11,6 @@
 
 namespace pagedattn {
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
-  return out;
-}
 
 // Every accepted spelling (lower case) and the type it names; canonical names first.
 constexpr std::array<std::pair<std::string_view, DType>, 27> kDTypeAliases{{
@@ -74,7 +70,7 @@ std::string_view dtype_name(DType t) {
 }
 
 std::optional<DType> parse_dtype(std::string_view name) {
-  const std::string key = lower(name);
+  const std::string key = detail::to_lower(name);
   for (const auto& [alias, type] : kDTypeAliases) {
     if (key == alias) return type;
   }
@@ -97,7 +93,7 @@ std::string device_name(const Device& d) {
 }
 
 std::optional<Device> parse_device(std::string_view name) {
-  const std::string key = lower(name);
+  const std::string key = detail::to_lower(name);
   if (key == "cpu") return Device::cpu();
   if (key == "cuda") return Device::cuda(0);
   if (!key.starts_with(kCudaPrefix)) return std::nullopt;

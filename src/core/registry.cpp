@@ -1,20 +1,12 @@
 #include <pagedattn/registry.h>
 
+#include "core/strings.h"
+
 #include <algorithm>
 #include <cctype>
 #include <mutex>
 
 namespace pagedattn {
-namespace {
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
-         });
-}
-
-}  // namespace
-
 BackendRegistry& BackendRegistry::instance() {
   // Never destroyed: layers and caches may outlive static destruction order.
   static BackendRegistry* registry = [] {
@@ -36,7 +28,7 @@ void BackendRegistry::add(std::unique_ptr<AttentionBackend> backend, int priorit
 
 const AttentionBackend* BackendRegistry::find(std::string_view name) const {
   for (const Entry& e : entries_) {
-    if (iequals(e.backend->name(), name)) return e.backend.get();
+    if (detail::iequals(e.backend->name(), name)) return e.backend.get();
   }
   return nullptr;
 }

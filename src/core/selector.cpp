@@ -2,6 +2,8 @@
 #include <pagedattn/registry.h>
 #include <pagedattn/selector.h>
 
+#include "core/strings.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -15,12 +17,7 @@ constexpr std::string_view kBackendEnvVar = "PAGEDATTN_BACKEND";
 constexpr std::string_view kAutoName = "auto";
 constexpr std::string_view kOnlyWhenAskedReason = "selected only when requested by name";
 
-bool is_auto(std::string_view name) {
-  if (name.empty()) return true;
-  if (name.size() != kAutoName.size()) return false;
-  return std::equal(name.begin(), name.end(), kAutoName.begin(),
-                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
-}
+bool is_auto(std::string_view name) { return name.empty() || detail::iequals(name, kAutoName); }
 
 // Reasons a backend cannot serve `cfg`, device mismatch first.
 std::vector<std::string> reasons_for(const AttentionBackend& backend, const SelectorConfig& cfg) {
