@@ -168,7 +168,8 @@ class AttentionImpl {
   //   key    [T, Hkv, D]   or undefined (encoder-only / already cached)
   //   value  [T, Hkv, D]   or undefined
   //   output [T, H, D]     written for rows < num_actual_tokens only
-  //   lse    [H, T] f32    or undefined; natural log; -inf for rows with no visible key
+  //   lse    [H, T] f32    or undefined; natural log, including the sink term when the
+  //                        layer has sinks; -inf for rows with no visible key
   // Never allocates or synchronizes with the host on device backends.
   virtual void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                        const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,

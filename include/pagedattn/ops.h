@@ -38,7 +38,9 @@ void merge_attn_states(const TensorView& output, const TensorView& prefix_output
 //   block_mapping  [N, 2] i64 pairs (src, dst)
 void copy_blocks(const std::vector<TensorView>& caches, const TensorView& block_mapping);
 
-// Per-tensor scales for fp8 KV (vLLM's calc_kv_scales): max|x| / range.
+// Per-tensor scales for fp8 KV (vLLM's calc_kv_scales): max|x| / range. An
+// all-zero or empty input gives 1.0 rather than vLLM's 0, which would make the
+// next fp8 store divide by zero.
 struct KVScales {
   float q_scale = 1.0f;
   float k_scale = 1.0f;
