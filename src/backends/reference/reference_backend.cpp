@@ -1,6 +1,7 @@
 #include "reference_backend.h"
 
 #include <pagedattn/error.h>
+#include <pagedattn/impl_checks.h>
 #include <pagedattn/ops.h>
 
 #include <algorithm>
@@ -22,32 +23,6 @@ constexpr std::string_view kBuilderWhere = "REFERENCE builder";
 constexpr DType kCacheStorageDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::FP8_E4M3,
                                          DType::FP8_E5M2};
 
-bool uses_paged_cache(AttentionType t) {
-  return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder;
-}
-
-void check_rows_operand(const TensorView& t, std::string_view name, std::int64_t min_rows, std::int64_t heads,
-                        std::int64_t head_size, DType dtype) {
-  check_rank(t, kForwardWhere, name, 3);
-  check_dtype(t, kForwardWhere, name, dtype);
-  check_device(t, kForwardWhere, name, Device::cpu());
-  check_size(t, 1, kForwardWhere, name, heads);
-  check_size(t, 2, kForwardWhere, name, head_size);
-  check_last_dim_contiguous(t, kForwardWhere, name);
-  check_arg(t.size(0) >= min_rows, kForwardWhere, fmt::format("{}.size(0)", name),
-            fmt::format(">= num_actual_tokens ({})", min_rows), t.size(0));
-}
-
-// One half of the paged cache: [NB, BS, Hkv, D], any strides.
-void check_cache_half(const TensorView& t, std::string_view name, DType storage, int num_kv_heads,
-                      int head_size) {
-  check_rank(t, kForwardWhere, name, 4);
-  check_dtype(t, kForwardWhere, name, storage);
-  check_device(t, kForwardWhere, name, Device::cpu());
-  check_size(t, 2, kForwardWhere, name, num_kv_heads);
-  check_size(t, 3, kForwardWhere, name, head_size);
-}
-
 reference::RowsOperand rows_operand(const TensorView& t) {
   return {t.data(), t.dtype(), t.stride(0), t.stride(1)};
 }
@@ -56,38 +31,12 @@ reference::CacheOperand cache_operand(const TensorView& t) {
   return {t.data(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
 }
 
-// Per-tensor ([1]) or per-KV-head ([Hkv]) f32 dequantization scale.
-void check_kv_scale(const TensorView& scale, std::string_view name, int num_kv_heads) {
-  check_arg(scale.defined(), kForwardWhere, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache",
-            "undefined");
-  check_rank(scale, kForwardWhere, name, 1);
-  check_dtype(scale, kForwardWhere, name, DType::F32);
-  check_device(scale, kForwardWhere, name, Device::cpu());
-  check_last_dim_contiguous(scale, kForwardWhere, name);
-  check_arg(scale.size(0) == 1 || scale.size(0) == num_kv_heads, kForwardWhere,
-            fmt::format("{}.size(0)", name), fmt::format("1 or num_kv_heads ({})", num_kv_heads),
-            scale.size(0));
-}
-
 class ReferenceImpl final : public AttentionImpl {
  public:
   ReferenceImpl(AttentionImplParams params, const ReferenceBackend& backend)
       : AttentionImpl(std::move(params)), backend_(backend) {
     const AttentionImplParams& p = params_;
-    check_arg(p.num_heads > 0, kImplWhere, "num_heads", "> 0", p.num_heads);
-    check_arg(p.num_kv_heads > 0, kImplWhere, "num_kv_heads", "> 0", p.num_kv_heads);
-    check_arg(p.num_heads % p.num_kv_heads == 0, kImplWhere, "num_heads",
-              fmt::format("a multiple of num_kv_heads ({})", p.num_kv_heads), p.num_heads);
-    check_arg(p.head_size > 0, kImplWhere, "head_size", "> 0", p.head_size);
-    check_arg(p.alibi_slopes.empty() || std::ssize(p.alibi_slopes) == p.num_heads, kImplWhere,
-              "alibi_slopes.size()", fmt::format("0 or num_heads ({})", p.num_heads), p.alibi_slopes.size());
-    check_arg(p.sinks.empty() || std::ssize(p.sinks) == p.num_heads, kImplWhere, "sinks.size()",
-              fmt::format("0 or num_heads ({})", p.num_heads), p.sinks.size());
-    if (p.sliding_window)
-      check_arg(*p.sliding_window > 0, kImplWhere, "sliding_window", "> 0", *p.sliding_window);
-    if (p.logits_soft_cap) {
-      check_arg(*p.logits_soft_cap >= 0.0f, kImplWhere, "logits_soft_cap", ">= 0", *p.logits_soft_cap);
-    }
+    check_impl_params(kImplWhere, p);
     check_arg(p.device.is_cpu(), kImplWhere, "device", "cpu", p.device);
     require_supported(backend_.plan_kernel(make_attention_problem(p, 0, nullptr, false, false)),
                       backend_.name());
@@ -117,64 +66,12 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   const AttentionImplParams& p = params_;
   const CommonAttentionMetadata& common = metadata.common;
   const int tokens = common.num_actual_tokens;
-  const bool paged = uses_paged_cache(p.attn_type);
-
-  check_arg(common.device().is_cpu(), kForwardWhere, "metadata device", "cpu", common.device());
-  check_rows_operand(query, "query", tokens, p.num_heads, p.head_size, p.dtype);
-  check_rank(output, kForwardWhere, "output", 3);
-  check_device(output, kForwardWhere, "output", Device::cpu());
-  check_arg(backend_.supports_dtype(output.dtype()), kForwardWhere, "output dtype", "f32, f16 or bf16",
-            output.dtype());
-  check_rows_operand(output, "output", tokens, p.num_heads, p.head_size, output.dtype());
-  if (lse.defined()) {
-    check_rank(lse, kForwardWhere, "lse", 2);
-    check_dtype(lse, kForwardWhere, "lse", DType::F32);
-    check_device(lse, kForwardWhere, "lse", Device::cpu());
-    check_size(lse, 0, kForwardWhere, "lse", p.num_heads);
-    check_arg(lse.size(1) >= tokens, kForwardWhere, "lse.size(1)",
-              fmt::format(">= num_actual_tokens ({})", tokens), lse.size(1));
-  }
-
-  std::int64_t num_blocks = 0;
-  int block_size = common.block_size;
-  const DType storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
-  const bool fp8 = is_quantized_kv_cache(p.kv_cache_dtype);
-  if (paged) {
-    check_arg(kv_cache.defined(), kForwardWhere, "kv_cache", "a bound KV cache", "undefined");
-    check_cache_half(kv_cache.key, "kv_cache.key", storage, p.num_kv_heads, p.head_size);
-    check_cache_half(kv_cache.value, "kv_cache.value", storage, p.num_kv_heads, p.head_size);
-    check_arg(kv_cache.value.shape() == kv_cache.key.shape(), kForwardWhere, "kv_cache.value shape",
-              kv_cache.key.shape().str(), kv_cache.value.shape().str());
-    num_blocks = kv_cache.num_blocks();
-    if (common.block_size > 0) {
-      check_arg(kv_cache.block_size() == common.block_size, kForwardWhere, "kv_cache block size",
-                fmt::format("metadata block_size ({})", common.block_size), kv_cache.block_size());
-    }
-    block_size = kv_cache.block_size();
-    if (fp8) {
-      check_kv_scale(layer.k_scale, "k_scale", p.num_kv_heads);
-      check_kv_scale(layer.v_scale, "v_scale", p.num_kv_heads);
-      check_arg(layer.v_scale.size(0) == layer.k_scale.size(0), kForwardWhere, "v_scale.size(0)",
-                fmt::format("k_scale.size(0) ({})", layer.k_scale.size(0)), layer.v_scale.size(0));
-    }
-  } else {
-    check_rows_operand(key, "key", tokens, p.num_kv_heads, p.head_size, p.dtype);
-    check_rows_operand(value, "value", tokens, p.num_kv_heads, p.head_size, p.dtype);
-  }
-  common.validate(kForwardWhere, num_blocks);
-  check_last_dim_contiguous(common.block_table_cpu, kForwardWhere, "block_table");
-  if (!paged) {
-    for (int r = 0; r < common.num_reqs; ++r) {
-      check_arg(common.seq_len(r) == common.query_len(r), kForwardWhere, fmt::format("seq_lens[{}]", r),
-                fmt::format("query_len ({}) for {} attention", common.query_len(r),
-                            attention_type_name(p.attn_type)),
-                common.seq_len(r));
-    }
-  }
-  const bool per_head_scales = paged && fp8 && layer.k_scale.size(0) > 1;
-  require_supported(
-      backend_.plan_kernel(make_attention_problem(p, block_size, &common, lse.defined(), per_head_scales)),
-      backend_.name());
+  const std::vector<DType> output_dtypes = backend_.supported_dtypes();
+  const ForwardShape shape = check_forward_args(kForwardWhere, p, Device::cpu(), layer, query, key, value, kv_cache,
+                                                common, output, lse, output_dtypes);
+  require_supported(backend_.plan_kernel(make_attention_problem(p, shape.block_size, &common, lse.defined(),
+                                                                shape.per_head_kv_scales)),
+                    backend_.name());
 
   reference::ReferenceAttentionParams k;
   k.num_heads = p.num_heads;
@@ -201,14 +98,14 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   k.max_blocks_per_seq = common.block_table_cpu.size(1);
 
   k.query = rows_operand(query);
-  if (paged) {
+  if (shape.paged) {
     k.key_source = reference::KeySource::PagedCache;
     k.key_cache = cache_operand(kv_cache.key);
     k.value_cache = cache_operand(kv_cache.value);
-    k.cache_dtype = storage;
-    k.num_blocks = num_blocks;
-    k.block_size = block_size;
-    if (fp8) {
+    k.cache_dtype = shape.cache_storage;
+    k.num_blocks = shape.num_blocks;
+    k.block_size = shape.block_size;
+    if (shape.fp8) {
       k.k_scale = static_cast<const float*>(layer.k_scale.data());
       k.v_scale = static_cast<const float*>(layer.v_scale.data());
       k.num_kv_scales = static_cast<int>(layer.k_scale.size(0));

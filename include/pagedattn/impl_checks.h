@@ -1,0 +1,40 @@
+// Argument checks every AttentionImpl shares, so that all backends reject bad
+// input with the same messages and none forgets a check. Each throws
+// InvalidArgument naming the argument, the expected and the given value.
+#pragma once
+
+#include <pagedattn/backend.h>
+
+#include <span>
+#include <string_view>
+
+namespace pagedattn {
+
+// The constructor arguments: positive sizes, num_heads % num_kv_heads, alibi and
+// sinks sized [num_heads], a positive window, a non-negative soft cap.
+void check_impl_params(std::string_view where, const AttentionImplParams& params);
+
+// What check_forward_args learned about the call.
+struct ForwardShape {
+  bool paged = false;            // K/V come from the cache (decoder, cross) rather than key/value rows
+  std::int64_t num_blocks = 0;   // of the cache; 0 when not paged
+  int block_size = 0;            // of the cache, else the metadata's
+  DType cache_storage = DType::BF16;
+  bool fp8 = false;
+  bool per_head_kv_scales = false;  // [Hkv] k/v scales
+};
+
+// Checks forward's arguments (shapes in the AttentionImpl::forward comment)
+// against the impl's params and `device`: query/output [>= T, H, D], key/value
+// [>= T, Hkv, D] for encoder types, the cache halves [NB, BS, Hkv, D] in the
+// storage dtype for paged types, fp8 scales [1] or [Hkv], lse [H, >= T] f32,
+// the metadata's consistency and block ids against the cache (host copies
+// only: no device synchronization), and seq_len == q_len for encoder types.
+// `output_dtypes` lists the output dtypes the backend can write.
+ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& params, Device device,
+                                const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                                const TensorView& value, const KVCacheView& kv_cache,
+                                const CommonAttentionMetadata& common, const TensorView& output,
+                                const TensorView& lse, std::span<const DType> output_dtypes);
+
+}  // namespace pagedattn

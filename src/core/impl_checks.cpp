@@ -1,0 +1,140 @@
+#include <pagedattn/impl_checks.h>
+
+#include <algorithm>
+
+namespace pagedattn {
+namespace {
+
+constexpr int kRowsRank = 3;       // [T, heads, D]
+constexpr int kCacheHalfRank = 4;  // [NB, BS, Hkv, D]
+constexpr int kLseRank = 2;        // [H, T]
+
+bool uses_paged_cache(AttentionType t) {
+  return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder;
+}
+
+// [>= min_rows, heads, head_size], rows may be strided, last dim contiguous.
+void check_rows(std::string_view where, const TensorView& t, std::string_view name, Device device,
+                std::int64_t min_rows, std::int64_t heads, std::int64_t head_size) {
+  check_rank(t, where, name, kRowsRank);
+  check_device(t, where, name, device);
+  check_size(t, 1, where, name, heads);
+  check_size(t, 2, where, name, head_size);
+  check_last_dim_contiguous(t, where, name);
+  check_arg(t.size(0) >= min_rows, where, fmt::format("{}.size(0)", name),
+            fmt::format(">= num_actual_tokens ({})", min_rows), t.size(0));
+}
+
+// One half of the paged cache: [NB, BS, Hkv, D], any strides, last dim contiguous.
+void check_cache_half(std::string_view where, const TensorView& t, std::string_view name, Device device,
+                      DType storage, int num_kv_heads, int head_size) {
+  check_rank(t, where, name, kCacheHalfRank);
+  check_dtype(t, where, name, storage);
+  check_device(t, where, name, device);
+  check_size(t, 2, where, name, num_kv_heads);
+  check_size(t, 3, where, name, head_size);
+  check_last_dim_contiguous(t, where, name);
+}
+
+// Per-tensor ([1]) or per-KV-head ([Hkv]) f32 dequantization scale.
+void check_kv_scale(std::string_view where, const TensorView& scale, std::string_view name, Device device,
+                    int num_kv_heads) {
+  check_arg(scale.defined(), where, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache", "undefined");
+  check_rank(scale, where, name, 1);
+  check_dtype(scale, where, name, DType::F32);
+  check_device(scale, where, name, device);
+  check_last_dim_contiguous(scale, where, name);
+  check_arg(scale.size(0) == 1 || scale.size(0) == num_kv_heads, where, fmt::format("{}.size(0)", name),
+            fmt::format("1 or num_kv_heads ({})", num_kv_heads), scale.size(0));
+}
+
+}  // namespace
+
+void check_impl_params(std::string_view where, const AttentionImplParams& p) {
+  check_arg(p.num_heads > 0, where, "num_heads", "> 0", p.num_heads);
+  check_arg(p.num_kv_heads > 0, where, "num_kv_heads", "> 0", p.num_kv_heads);
+  check_arg(p.num_heads % p.num_kv_heads == 0, where, "num_heads",
+            fmt::format("a multiple of num_kv_heads ({})", p.num_kv_heads), p.num_heads);
+  check_arg(p.head_size > 0, where, "head_size", "> 0", p.head_size);
+  check_arg(p.alibi_slopes.empty() || std::ssize(p.alibi_slopes) == p.num_heads, where, "alibi_slopes.size()",
+            fmt::format("0 or num_heads ({})", p.num_heads), p.alibi_slopes.size());
+  check_arg(p.sinks.empty() || std::ssize(p.sinks) == p.num_heads, where, "sinks.size()",
+            fmt::format("0 or num_heads ({})", p.num_heads), p.sinks.size());
+  if (p.sliding_window) check_arg(*p.sliding_window > 0, where, "sliding_window", "> 0", *p.sliding_window);
+  if (p.logits_soft_cap) {
+    check_arg(*p.logits_soft_cap >= 0.0f, where, "logits_soft_cap", ">= 0", *p.logits_soft_cap);
+  }
+}
+
+ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& p, Device device,
+                                const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                                const TensorView& value, const KVCacheView& kv_cache,
+                                const CommonAttentionMetadata& common, const TensorView& output,
+                                const TensorView& lse, std::span<const DType> output_dtypes) {
+  const int tokens = common.num_actual_tokens;
+  ForwardShape shape;
+  shape.paged = uses_paged_cache(p.attn_type);
+  shape.block_size = common.block_size;
+  shape.cache_storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
+  shape.fp8 = is_quantized_kv_cache(p.kv_cache_dtype);
+
+  check_arg(common.device() == device, where, "metadata device", device, common.device());
+  check_rows(where, query, "query", device, tokens, p.num_heads, p.head_size);
+  check_dtype(query, where, "query", p.dtype);
+  check_rows(where, output, "output", device, tokens, p.num_heads, p.head_size);
+  const bool output_dtype_ok =
+      std::find(output_dtypes.begin(), output_dtypes.end(), output.dtype()) != output_dtypes.end();
+  if (!output_dtype_ok) {
+    std::string names;
+    for (DType t : output_dtypes) names += fmt::format("{}{}", names.empty() ? "" : ", ", t);
+    throw_invalid(where, "output dtype", fmt::format("one of {}", names), dtype_name(output.dtype()));
+  }
+  if (lse.defined()) {
+    check_rank(lse, where, "lse", kLseRank);
+    check_dtype(lse, where, "lse", DType::F32);
+    check_device(lse, where, "lse", device);
+    check_size(lse, 0, where, "lse", p.num_heads);
+    check_arg(lse.size(1) >= tokens, where, "lse.size(1)", fmt::format(">= num_actual_tokens ({})", tokens),
+              lse.size(1));
+  }
+
+  if (shape.paged) {
+    check_arg(kv_cache.defined(), where, "kv_cache", "a bound KV cache", "undefined");
+    check_cache_half(where, kv_cache.key, "kv_cache.key", device, shape.cache_storage, p.num_kv_heads,
+                     p.head_size);
+    check_cache_half(where, kv_cache.value, "kv_cache.value", device, shape.cache_storage, p.num_kv_heads,
+                     p.head_size);
+    check_arg(kv_cache.value.shape() == kv_cache.key.shape(), where, "kv_cache.value shape",
+              kv_cache.key.shape().str(), kv_cache.value.shape().str());
+    shape.num_blocks = kv_cache.num_blocks();
+    if (common.block_size > 0) {
+      check_arg(kv_cache.block_size() == common.block_size, where, "kv_cache block size",
+                fmt::format("metadata block_size ({})", common.block_size), kv_cache.block_size());
+    }
+    shape.block_size = kv_cache.block_size();
+    if (shape.fp8) {
+      check_kv_scale(where, layer.k_scale, "k_scale", device, p.num_kv_heads);
+      check_kv_scale(where, layer.v_scale, "v_scale", device, p.num_kv_heads);
+      check_arg(layer.v_scale.size(0) == layer.k_scale.size(0), where, "v_scale.size(0)",
+                fmt::format("k_scale.size(0) ({})", layer.k_scale.size(0)), layer.v_scale.size(0));
+      shape.per_head_kv_scales = layer.k_scale.size(0) > 1;
+    }
+  } else {
+    check_rows(where, key, "key", device, tokens, p.num_kv_heads, p.head_size);
+    check_dtype(key, where, "key", p.dtype);
+    check_rows(where, value, "value", device, tokens, p.num_kv_heads, p.head_size);
+    check_dtype(value, where, "value", p.dtype);
+  }
+  common.validate(where, shape.num_blocks);
+  check_last_dim_contiguous(common.block_table_cpu, where, "block_table");
+  if (!shape.paged) {
+    for (int r = 0; r < common.num_reqs; ++r) {
+      check_arg(common.seq_len(r) == common.query_len(r), where, fmt::format("seq_lens[{}]", r),
+                fmt::format("query_len ({}) for {} attention", common.query_len(r), attention_type_name(p.attn_type)),
+                common.seq_len(r));
+    }
+  }
+  return shape;
+}
+
+}  // namespace pagedattn
