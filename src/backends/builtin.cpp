@@ -2,10 +2,14 @@
 // place that knows the list; core reaches backends through the registry.
 #include <pagedattn/registry.h>
 
+#include "backends/cpu_attn/cpu_attn_backend.h"
 #include "backends/reference/reference_backend.h"
 
 namespace pagedattn {
 
-void register_builtin_backends(BackendRegistry& registry) { register_reference_backend(registry); }
+void register_builtin_backends(BackendRegistry& registry) {
+  register_reference_backend(registry);
+  register_cpu_attn_backend(registry);
+}
 
 }  // namespace pagedattn

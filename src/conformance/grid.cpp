@@ -129,7 +129,7 @@ constexpr int kBasePasses = 3;
 constexpr int kWindow = 64;
 constexpr float kSoftCap = 30.0f;
 // With unit-variance q and k, scores have standard deviation scale * sqrt(D):
-// 2.0 puts them at 16..32, where a cap of 30 changes them substantially.
+// 2.0 puts them at 16..32 for head sizes 64..256, where a cap of 30 bites.
 constexpr float kSoftCapScale = 2.0f;
 
 class GridBuilder {

@@ -10,6 +10,7 @@ void add_info_command(CLI::App& app, int& exit_code);
 void add_select_command(CLI::App& app, int& exit_code);
 void add_conformance_command(CLI::App& app, int& exit_code);
 void add_run_command(CLI::App& app, int& exit_code);
+void add_bench_command(CLI::App& app, int& exit_code);
 
 // Exit codes shared by the subcommands.
 inline constexpr int kExitOk = 0;

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   pagedattn::cli::add_select_command(app, exit_code);
   pagedattn::cli::add_conformance_command(app, exit_code);
   pagedattn::cli::add_run_command(app, exit_code);
+  pagedattn::cli::add_bench_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,83 @@
+#include "backends/cpu_attn/cpu_attn_backend.h"
+
+#include <fmt/format.h>
+
+#include "backends/cpu_attn/cpu_attn_impl.h"
+#include "backends/cpu_attn/cpu_attn_metadata.h"
+#include "backends/cpu_attn/cpu_attn_plan.h"
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
+#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
+
+#include <algorithm>
+
+namespace pagedattn {
+
+namespace {
+
+constexpr int kHeadSizeMultiple = 8;  // the kernels' narrowest vector: 8 floats
+constexpr int kCpuAttnPriority = 0;
+
+bool is_supported_kv_storage(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::FP8_E4M3 || t == DType::FP8_E5M2;
+}
+
+}  // namespace
+
+std::string_view CpuAttnBackend::description() const {
+  return "tiled online-softmax CPU backend: Highway SIMD (AVX-512/BF16, AVX2, portable), thread pool, split-KV";
+}
+
+std::vector<DType> CpuAttnBackend::supported_dtypes() const { return {DType::F32, DType::F16, DType::BF16}; }
+
+std::vector<CacheDType> CpuAttnBackend::supported_kv_cache_dtypes() const {
+  return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16,
+          CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
+}
+
+std::optional<std::string> CpuAttnBackend::head_size_rule(int head_size) const {
+  if (head_size > 0 && head_size % kHeadSizeMultiple == 0) return std::nullopt;
+  return fmt::format("head_size must be a positive multiple of {}, got {}", kHeadSizeMultiple, head_size);
+}
+
+KernelPlan CpuAttnBackend::plan_kernel(const AttentionProblem& problem) const {
+  KernelPlan plan;
+  if (auto rule = head_size_rule(problem.head_size)) plan.reasons.push_back(std::move(*rule));
+  if (!supports_dtype(problem.dtype)) {
+    plan.reasons.push_back(fmt::format("dtype {} not supported", problem.dtype));
+  }
+  if (!is_supported_kv_storage(problem.kv_storage_dtype)) {
+    plan.reasons.push_back(fmt::format("KV cache element type {} not supported", problem.kv_storage_dtype));
+  }
+  if (problem.num_kv_heads <= 0 || problem.num_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
+    plan.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
+                                       problem.num_heads, problem.num_kv_heads));
+  }
+  if (problem.block_size < 0) plan.reasons.push_back(fmt::format("block_size {} not supported", problem.block_size));
+  if (!plan.supported()) return plan;
+
+  plan.kernel = fmt::format("cpu_attn.{}.{}", cpu_attn::isa_name(cpu_attn::active_isa()), problem.kv_storage_dtype);
+  // Upper bound of the split-KV partials (the thread-local scratch per item is separate).
+  if (problem.num_reqs > 0 && problem.max_query_len <= cpu_attn::kSplitMaxQueryTokens) {
+    const std::size_t splits = static_cast<std::size_t>(
+        std::max(1, (problem.max_seq_len + cpu_attn::kSplitKeys - 1) / cpu_attn::kSplitKeys));
+    plan.workspace_bytes = static_cast<std::size_t>(problem.num_tokens) * splits *
+                           static_cast<std::size_t>(problem.num_heads) *
+                           cpu_attn::partial_row_floats(problem.head_size) * sizeof(float);
+  }
+  return plan;
+}
+
+std::unique_ptr<AttentionImpl> CpuAttnBackend::make_impl(const AttentionImplParams& params) const {
+  require_supported(plan_kernel(make_attention_problem(params, 0, nullptr, false, false)), name());
+  return std::make_unique<CpuAttnImpl>(params);
+}
+
+std::unique_ptr<AttentionMetadataBuilder> CpuAttnBackend::make_builder(const BuilderParams& params) const {
+  return std::make_unique<CpuAttnMetadataBuilder>(params);
+}
+
+void register_cpu_attn_backend(BackendRegistry& registry) {
+  registry.add(std::make_unique<CpuAttnBackend>(), kCpuAttnPriority);
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,205 @@
+#include "backends/cpu_attn/cpu_attn_backend.h"
+
+#include <gtest/gtest.h>
+#include <pagedattn/conformance.h>
+#include <pagedattn/metadata.h>
+
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
+#include "backends/cpu_attn/thread_pool.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+namespace pagedattn {
+namespace {
+
+const CpuAttnBackend kBackend;
+
+TEST(CpuAttnBackendTest, CapabilitiesAndReasons) {
+  SelectorConfig cfg;
+  cfg.head_size = 128;
+  cfg.dtype = DType::BF16;
+  cfg.kv_cache_dtype = CacheDType::Fp8E5M2;
+  cfg.block_size = 48;
+  cfg.has_sink = true;
+  cfg.use_per_head_quant_scales = true;
+  cfg.use_non_causal = true;
+  cfg.use_batch_invariant = true;
+  cfg.attn_type = AttentionType::EncoderDecoder;
+  EXPECT_TRUE(kBackend.validate_configuration(cfg).empty());
+  cfg.head_size = 12;
+  const auto reasons = kBackend.validate_configuration(cfg);
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0], "head_size not supported");
+  EXPECT_EQ(*kBackend.head_size_rule(12), "head_size must be a positive multiple of 8, got 12");
+  EXPECT_FALSE(kBackend.head_size_rule(40).has_value());
+}
+
+TEST(CpuAttnBackendTest, AutoSelectedFirstOnTheCpu) {
+  BackendRegistry registry;
+  register_cpu_attn_backend(registry);
+  const auto list = registry.priority_list(DeviceType::CPU);
+  ASSERT_FALSE(list.empty());
+  EXPECT_EQ(list.front()->name(), "CPU_ATTN");
+}
+
+TEST(CpuAttnBackendTest, PlanKernelNamesTheKernelOrGivesReasons) {
+  AttentionProblem problem;
+  problem.num_heads = 32;
+  problem.num_kv_heads = 8;
+  problem.head_size = 128;
+  problem.kv_storage_dtype = DType::FP8_E4M3;
+  const KernelPlan plan = kBackend.plan_kernel(problem);
+  EXPECT_TRUE(plan.supported());
+  EXPECT_NE(plan.kernel.find("fp8_e4m3"), std::string::npos) << plan.kernel;
+  problem.head_size = 20;
+  problem.num_kv_heads = 3;
+  problem.dtype = DType::I32;
+  EXPECT_EQ(kBackend.plan_kernel(problem).reasons.size(), 3u);
+}
+
+// Every compiled ISA this CPU runs passes a slice of the conformance grid (the
+// whole grid runs per ISA in CTest: conformance.CPU_ATTN.<isa>).
+TEST(CpuAttnBackendTest, ConformanceSliceOnEveryIsa) {
+  constexpr std::size_t kEvery = 28; // a spread-out slice keeps the unit test quick
+  const cpu_attn::Isa saved = cpu_attn::active_isa();
+  const auto grid = conformance_grid();
+  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
+    ASSERT_TRUE(cpu_attn::set_isa(isa));
+    for (std::size_t i = 0; i < grid.size(); i += kEvery) {
+      const CaseResult r = run_conformance_case(kBackend, grid[i]);
+      EXPECT_EQ(r.status, CaseStatus::Passed) << cpu_attn::isa_name(isa) << " " << grid[i].id() << ": " << r.message;
+    }
+  }
+  cpu_attn::set_isa(saved);
+}
+
+TEST(CpuAttnBackendTest, IsaNamesRoundTrip) {
+  for (const cpu_attn::Isa isa : cpu_attn::compiled_isas()) {
+    EXPECT_EQ(cpu_attn::parse_isa(cpu_attn::isa_name(isa)), isa);
+  }
+  EXPECT_FALSE(cpu_attn::parse_isa("sse9").has_value());
+  EXPECT_EQ(cpu_attn::available_isas().back(), cpu_attn::Isa::Scalar);
+}
+
+// A paged decoder problem with random contents, run through the backend's
+// builder and impl.
+struct Problem {
+  static constexpr int kHeads = 8;
+  static constexpr int kKvHeads = 2;
+  static constexpr int kHeadSize = 64;
+  static constexpr int kBlockSize = 16;
+  static constexpr int kBlocks = 400;
+
+  AttentionImplParams params;
+  Tensor cache;
+  KVCacheView kv;
+  std::mt19937 rng{7};
+
+  Problem() {
+    params.num_heads = kHeads;
+    params.num_kv_heads = kKvHeads;
+    params.head_size = kHeadSize;
+    params.scale = 0.125f;
+    params.dtype = DType::BF16;
+    params.sinks.assign(kHeads, 0.5f);
+    cache = random_tensor(kBackend.kv_cache_shape(kBlocks, kBlockSize, kKvHeads, kHeadSize, CacheDType::Auto));
+    kv = kBackend.unbind_kv_cache(cache);
+  }
+
+  Tensor random_tensor(const Dims& shape) {
+    std::int64_t n = 1;
+    for (std::int64_t s : shape) n *= s;
+    std::normal_distribution<float> dist;
+    std::vector<float> values(static_cast<std::size_t>(n));
+    for (float& v : values) v = dist(rng);
+    return Tensor::from_floats(values, shape, DType::BF16);
+  }
+
+  // (query_len, seq_len) per request; request r uses blocks [r * 100, r * 100 + 100).
+  CommonAttentionMetadata metadata(const std::vector<std::pair<int, int>>& requests, int first_block_set = 0) {
+    std::vector<RequestSpec> specs;
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      RequestSpec spec{requests[r].first, requests[r].second, {}};
+      constexpr int kBlocksPerRequest = 100;
+      const int base = (first_block_set + static_cast<int>(r)) * kBlocksPerRequest;
+      for (int b = 0; b < kBlocksPerRequest; ++b) spec.blocks.push_back(base + b);
+      specs.push_back(spec);
+    }
+    MetadataOptions options;
+    options.block_size = kBlockSize;
+    return make_common_metadata(specs, options);
+  }
+
+  // Output bytes of `query` ([T, H, D]) attended under `common`.
+  std::vector<std::uint8_t> run(const CommonAttentionMetadata& common, const Tensor& query) {
+    BuilderParams bp;
+    bp.block_size = kBlockSize;
+    bp.num_kv_heads = kKvHeads;
+    bp.head_size = kHeadSize;
+    auto md = kBackend.make_builder(bp)->build(common);
+    auto impl = kBackend.make_impl(params);
+    Tensor out = Tensor::zeros({query.size(0), kHeads, kHeadSize}, DType::BF16);
+    impl->forward(LayerQuantState{}, query, {}, {}, kv, *md, out, {});
+    return to_byte_vector(out);
+  }
+};
+
+// Split-KV decodes and tiled prefills give the same bits for any thread count.
+TEST(CpuAttnBackendTest, BitwiseIdenticalForAnyThreadCount) {
+  Problem pr;
+  const auto common = pr.metadata({{1, 1500}, {37, 500}, {1, 90}});
+  const Tensor query = pr.random_tensor({39, Problem::kHeads, Problem::kHeadSize});
+  cpu_attn::ThreadPool::reset_instance(1);
+  const auto one = pr.run(common, query);
+  cpu_attn::ThreadPool::reset_instance(3);
+  const auto three = pr.run(common, query);
+  cpu_attn::ThreadPool::reset_instance(2);
+  EXPECT_EQ(one, three);
+}
+
+// A request's output does not depend on the other requests of the batch.
+TEST(CpuAttnBackendTest, BatchInvariant) {
+  Problem pr;
+  const Tensor query = pr.random_tensor({30, Problem::kHeads, Problem::kHeadSize});
+  const Tensor last_row = Tensor(query, query.TensorView::slice(0, 29, 30)).clone();
+  // The decode alone (its blocks are set 1, as in the batch).
+  const auto alone = pr.run(pr.metadata({{1, 1500}}, 1), last_row);
+  const auto batched = pr.run(pr.metadata({{29, 300}, {1, 1500}}), query);
+  const std::size_t row_bytes = Problem::kHeads * Problem::kHeadSize * sizeof(std::uint16_t);
+  ASSERT_EQ(alone.size(), row_bytes);
+  EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batched.end() - static_cast<std::ptrdiff_t>(row_bytes)));
+}
+
+TEST(CpuAttnBackendTest, RejectsBadArgumentsBeforeWriting) {
+  Problem pr;
+  const auto common = pr.metadata({{2, 20}});
+  BuilderParams bp;
+  bp.block_size = Problem::kBlockSize;
+  bp.num_kv_heads = Problem::kKvHeads;
+  bp.head_size = Problem::kHeadSize;
+  auto md = kBackend.make_builder(bp)->build(common);
+  auto impl = kBackend.make_impl(pr.params);
+  Tensor out = Tensor::zeros({2, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+  const Tensor wrong_dtype = Tensor::zeros({2, Problem::kHeads, Problem::kHeadSize}, DType::F32);
+  try {
+    impl->forward(LayerQuantState{}, wrong_dtype, {}, {}, pr.kv, *md, out, {});
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("query"), std::string::npos) << e.what();
+  }
+  const Tensor short_lse = Tensor::zeros({Problem::kHeads, 1}, DType::F32);
+  const Tensor query = pr.random_tensor({2, Problem::kHeads, Problem::kHeadSize});
+  EXPECT_THROW(impl->forward(LayerQuantState{}, query, {}, {}, pr.kv, *md, out, short_lse), Error);
+  const auto zeros = to_byte_vector(out);
+  EXPECT_TRUE(std::all_of(zeros.begin(), zeros.end(), [](std::uint8_t b) { return b == 0; }));
+
+  AttentionImplParams bad = pr.params;
+  bad.head_size = 36;
+  EXPECT_THROW(kBackend.make_impl(bad), Error);
+}
+
+}  // namespace
+}  // namespace pagedattn

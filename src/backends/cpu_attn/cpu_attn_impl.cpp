@@ -1,0 +1,244 @@
+#include "backends/cpu_attn/cpu_attn_impl.h"
+
+#include <pagedattn/error.h>
+#include <pagedattn/ops.h>
+
+#include "backends/cpu_attn/cpu_attn_metadata.h"
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
+#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
+#include "backends/cpu_attn/thread_pool.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <new>
+
+namespace pagedattn {
+
+namespace {
+
+constexpr std::string_view kWhere = "CPU_ATTN forward";
+
+// Grow-only, aligned per-thread buffer: after the first steps forward
+// allocates nothing. Returns null when an allocation fails.
+class Arena {
+ public:
+  void* ensure(std::size_t bytes) {
+    if (bytes <= size_) return data_.get();
+    data_.reset(static_cast<unsigned char*>(
+        ::operator new[](bytes, std::align_val_t{cpu_attn::kScratchAlignment}, std::nothrow)));
+    size_ = data_ ? bytes : 0;
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{cpu_attn::kScratchAlignment}); }
+  };
+  std::unique_ptr<unsigned char[], Free> data_;
+  std::size_t size_ = 0;
+};
+
+thread_local Arena tl_scratch;   // one work item's tiles, per executing thread
+thread_local Arena tl_partials;  // split partials of the calling thread's forward
+
+cpu_attn::RowsOperand rows_operand(const TensorView& t) {  // [T, H, D]
+  return {t.data(), t.dtype(), t.stride(0), t.stride(1)};
+}
+
+cpu_attn::CacheOperand cache_operand(const TensorView& t) {  // [NB, BS, Hkv, D]
+  return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+void check_rows(const TensorView& t, std::string_view name, DType dtype, std::int64_t min_rows, std::int64_t heads,
+                std::int64_t head_size) {
+  check_device(t, kWhere, name, Device::cpu());
+  check_dtype(t, kWhere, name, dtype);
+  check_rank(t, kWhere, name, 3);
+  check_arg(t.size(0) >= min_rows, kWhere, fmt::format("{}.size(0)", name), fmt::format(">= {}", min_rows),
+            t.size(0));
+  check_size(t, 1, kWhere, name, heads);
+  check_size(t, 2, kWhere, name, head_size);
+  check_last_dim_contiguous(t, kWhere, name);
+}
+
+void check_cache_half(const TensorView& t, std::string_view name, DType dtype, int block_size, int kv_heads,
+                      int head_size) {
+  check_device(t, kWhere, name, Device::cpu());
+  check_dtype(t, kWhere, name, dtype);
+  check_rank(t, kWhere, name, 4);
+  check_size(t, 1, kWhere, name, block_size);
+  check_size(t, 2, kWhere, name, kv_heads);
+  check_size(t, 3, kWhere, name, head_size);
+  check_last_dim_contiguous(t, kWhere, name);
+}
+
+// Every block a request reads must exist (the kernel does not bounds-check).
+void check_block_table(const CommonAttentionMetadata& common, std::int64_t num_blocks) {
+  const std::int64_t row_len = common.block_table_cpu.size(1);
+  for (int r = 0; r < common.num_reqs; ++r) {
+    const std::int64_t needed = (static_cast<std::int64_t>(common.seq_len(r)) + common.block_size - 1) / common.block_size;
+    check_arg(needed <= row_len, kWhere, fmt::format("block_table row {}", r), fmt::format(">= {} entries", needed),
+              row_len);
+    const auto row = common.block_table_host_row(r);
+    for (std::int64_t b = 0; b < needed; ++b) {
+      const std::int32_t id = row[static_cast<std::size_t>(b)];
+      check_arg(id >= 0 && id < num_blocks, kWhere, fmt::format("block_table[{}][{}]", r, b),
+                fmt::format("in [0, {})", num_blocks), id);
+    }
+  }
+}
+
+// [1] (per tensor) or [Hkv] (per KV head) f32 scales; returns whether per head.
+bool check_scale(const Tensor& scale, std::string_view name, int kv_heads) {
+  check_arg(scale.defined(), kWhere, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache", "undefined");
+  check_device(scale, kWhere, name, Device::cpu());
+  check_dtype(scale, kWhere, name, DType::F32);
+  check_rank(scale, kWhere, name, 1);
+  check_arg(scale.size(0) == 1 || scale.size(0) == kv_heads, kWhere, fmt::format("{}.size(0)", name),
+            fmt::format("1 or {}", kv_heads), scale.size(0));
+  check_arg(scale.is_contiguous(), kWhere, name, "contiguous", scale.describe());
+  return scale.size(0) > 1;
+}
+
+}  // namespace
+
+void apply_cpu_isa_from_env() {
+  static const bool applied = [] {
+    const char* value = std::getenv(kCpuIsaEnv);
+    if (value == nullptr || *value == '\0') return true;
+    const auto isa = cpu_attn::parse_isa(value);
+    check_arg(isa.has_value(), "CPU_ATTN", kCpuIsaEnv, "avx512bf16, avx512, avx2 or scalar", fmt::format("'{}'", value));
+    if (!cpu_attn::set_isa(*isa)) {
+      throw_unsupported("CPU_ATTN", fmt::format("{}={} is not available on this CPU or build", kCpuIsaEnv, value));
+    }
+    return true;
+  }();
+  static_cast<void>(applied);
+}
+
+CpuAttnImpl::CpuAttnImpl(AttentionImplParams params)
+    : AttentionImpl(std::move(params)),
+      kv_storage_dtype_(kv_cache_storage_dtype(params_.kv_cache_dtype, params_.dtype)),
+      dense_keys_(params_.attn_type == AttentionType::Encoder || params_.attn_type == AttentionType::EncoderOnly) {
+  apply_cpu_isa_from_env();
+  check_arg(params_.alibi_slopes.empty() || static_cast<int>(params_.alibi_slopes.size()) == params_.num_heads,
+            "CpuAttnImpl", "alibi_slopes size", params_.num_heads, params_.alibi_slopes.size());
+  check_arg(params_.sinks.empty() || static_cast<int>(params_.sinks.size()) == params_.num_heads, "CpuAttnImpl",
+            "sinks size", params_.num_heads, params_.sinks.size());
+  check_arg(!params_.sliding_window || *params_.sliding_window > 0, "CpuAttnImpl", "sliding_window", "> 0",
+            params_.sliding_window.value_or(0));
+}
+
+void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                          const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                          const TensorView& output, const TensorView& lse) {
+  const auto* md = dynamic_cast<const CpuAttnMetadata*>(&metadata);
+  check_arg(md != nullptr, kWhere, "metadata", "CPU_ATTN metadata (from its builder)", "another backend's metadata");
+  const CommonAttentionMetadata& common = md->common;
+  const cpu_attn::WorkPlan& plan = md->plan;
+  const int num_heads = params_.num_heads;
+  const int kv_heads = params_.num_kv_heads;
+  const int head_size = params_.head_size;
+  const int tokens = common.num_actual_tokens;
+  check_arg(md->num_kv_heads == kv_heads, kWhere, "metadata num_kv_heads", kv_heads, md->num_kv_heads);
+
+  check_rows(query, "query", params_.dtype, tokens, num_heads, head_size);
+  check_rows(output, "output", params_.dtype, tokens, num_heads, head_size);
+  if (lse.defined()) {
+    check_device(lse, kWhere, "lse", Device::cpu());
+    check_dtype(lse, kWhere, "lse", DType::F32);
+    check_rank(lse, kWhere, "lse", 2);
+    check_size(lse, 0, kWhere, "lse", num_heads);
+    check_arg(lse.size(1) >= tokens, kWhere, "lse.size(1)", fmt::format(">= {}", tokens), lse.size(1));
+  }
+
+  cpu_attn::AttentionParams p;
+  p.num_heads = num_heads;
+  p.num_kv_heads = kv_heads;
+  p.head_size = head_size;
+  p.scale = params_.scale;
+  p.causal = params_.attn_type == AttentionType::Decoder && common.causal;
+  if (params_.sliding_window && params_.attn_type != AttentionType::EncoderDecoder) {
+    p.sliding_window = *params_.sliding_window;
+  }
+  p.window_form = dense_keys_ ? cpu_attn::WindowForm::Bidirectional : cpu_attn::WindowForm::Left;
+  p.soft_cap = params_.logits_soft_cap.value_or(0.0f);
+  p.alibi_slopes = params_.alibi_slopes.empty() ? nullptr : params_.alibi_slopes.data();
+  p.sinks = params_.sinks.empty() ? nullptr : params_.sinks.data();
+  p.query_start_loc = common.query_start_loc_host().data();
+  p.seq_lens = common.seq_lens_host().data();
+  p.query = rows_operand(query);
+
+  if (dense_keys_) {
+    check_rows(key, "key", params_.dtype, tokens, kv_heads, head_size);
+    check_rows(value, "value", params_.dtype, tokens, kv_heads, head_size);
+    p.key_source = cpu_attn::KeySource::DenseRows;
+    p.key = rows_operand(key);
+    p.value = rows_operand(value);
+    p.kv_dtype = params_.dtype;
+  } else {
+    check_arg(kv_cache.defined(), kWhere, "kv_cache", "a paged KV cache", "undefined");
+    check_cache_half(kv_cache.key, "key_cache", kv_storage_dtype_, common.block_size, kv_heads, head_size);
+    check_cache_half(kv_cache.value, "value_cache", kv_storage_dtype_, common.block_size, kv_heads, head_size);
+    check_arg(kv_cache.value.size(0) == kv_cache.key.size(0), kWhere, "value_cache.size(0)", kv_cache.key.size(0),
+              kv_cache.value.size(0));
+    check_block_table(common, kv_cache.num_blocks());
+    p.key_source = cpu_attn::KeySource::PagedCache;
+    p.block_table = common.block_table_cpu.data_as<const std::int32_t>();
+    p.block_table_row_stride = common.block_table_cpu.stride(0);
+    p.block_size = common.block_size;
+    p.key_cache = cache_operand(kv_cache.key);
+    p.value_cache = cache_operand(kv_cache.value);
+    p.kv_dtype = kv_storage_dtype_;
+    if (is_fp8(kv_storage_dtype_)) {
+      const bool k_per_head = check_scale(layer.k_scale, "k_scale", kv_heads);
+      const bool v_per_head = check_scale(layer.v_scale, "v_scale", kv_heads);
+      check_arg(k_per_head == v_per_head, kWhere, "v_scale shape", layer.k_scale.shape().str(),
+                layer.v_scale.shape().str());
+      p.k_scale = layer.k_scale.data_as<const float>();
+      p.v_scale = layer.v_scale.data_as<const float>();
+      p.per_head_kv_scales = k_per_head;
+    }
+  }
+  p.output = output.data();
+  p.output_row_stride = output.stride(0);
+  p.output_head_stride = output.stride(1);
+  if (lse.defined()) {
+    p.lse = lse.data_as<float>();
+    p.lse_head_stride = lse.stride(0);
+    p.lse_token_stride = lse.stride(1);
+  }
+
+  const int group = num_heads / kv_heads;
+  const std::size_t scratch = cpu_attn::scratch_bytes(head_size, plan.max_item_tokens * group);
+  const std::size_t partial_bytes = static_cast<std::size_t>(plan.partial_tokens) * static_cast<std::size_t>(group) *
+                                    cpu_attn::partial_row_floats(head_size) * sizeof(float);
+  const cpu_attn::PartialState partials{static_cast<float*>(tl_partials.ensure(partial_bytes)), group};
+  if (partial_bytes > 0 && partials.data == nullptr) {
+    throw Error(ErrorKind::OutOfMemory, fmt::format("{}: {} bytes of split-KV partials", kWhere, partial_bytes));
+  }
+  std::atomic<bool> out_of_memory{false};
+  cpu_attn::ThreadPool& pool = cpu_attn::ThreadPool::instance();
+  pool.run(static_cast<int>(plan.items.size()), [&](int i) {
+    void* buffer = tl_scratch.ensure(scratch);
+    if (buffer == nullptr) {
+      out_of_memory.store(true);
+      return;
+    }
+    cpu_attn::run_work_item(p, plan.items[static_cast<std::size_t>(i)], partials, buffer);
+  });
+  if (out_of_memory.load()) {
+    throw Error(ErrorKind::OutOfMemory, fmt::format("{}: {} bytes of per-thread scratch", kWhere, scratch));
+  }
+  pool.run(static_cast<int>(plan.merges.size()),
+           [&](int i) { cpu_attn::run_merge_item(p, plan.merges[static_cast<std::size_t>(i)], partials); });
+}
+
+void CpuAttnImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
+                                     const KVCacheView& kv_cache, const TensorView& slot_mapping) {
+  reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, params_.kv_cache_dtype, layer.k_scale,
+                    layer.v_scale);
+}
+
+}  // namespace pagedattn

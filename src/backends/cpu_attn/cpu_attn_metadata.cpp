@@ -1,0 +1,23 @@
+#include "backends/cpu_attn/cpu_attn_metadata.h"
+
+#include <pagedattn/error.h>
+
+namespace pagedattn {
+
+CpuAttnMetadataBuilder::CpuAttnMetadataBuilder(const BuilderParams& params) : params_(params) {
+  check_arg(params.device.is_cpu(), "CPU_ATTN builder", "device", "cpu", device_name(params.device));
+  check_arg(params.num_kv_heads > 0, "CPU_ATTN builder", "num_kv_heads", "> 0", params.num_kv_heads);
+}
+
+std::shared_ptr<const BackendMetadata> CpuAttnMetadataBuilder::build(const CommonAttentionMetadata& common) {
+  common.validate("CPU_ATTN builder");
+  check_arg(common.device().is_cpu(), "CPU_ATTN builder", "metadata device", "cpu", device_name(common.device()));
+  auto md = std::make_shared<CpuAttnMetadata>();
+  md->common = common;
+  md->num_kv_heads = params_.num_kv_heads;
+  md->plan = cpu_attn::make_work_plan(common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads,
+                                      common.causal);
+  return md;
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,37 @@
+// The CPU_ATTN step plan: the work list the metadata builder makes once per
+// step and every layer's forward runs. A pure function of the batch shape:
+// tile sizes and split points are fixed constants, so a request's result never
+// depends on the other requests in the batch or on the thread count (the
+// backend's determinism and batch-invariance claims rest on this).
+#pragma once
+
+#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pagedattn::cpu_attn {
+
+// Query tokens per prefill work item. With GQA group G a tile has 16 G rows,
+// enough to amortize packing K/V tiles over the rows.
+inline constexpr int kQueryTileTokens = 16;
+// Requests with at most this many query tokens (decodes, short speculative
+// steps) are split along their keys so that all threads share long sequences.
+inline constexpr int kSplitMaxQueryTokens = 8;
+// Keys per split: small enough that one 8k decode gives 8 independent pieces,
+// large enough that the merge (G rows x D per split) stays negligible.
+inline constexpr int kSplitKeys = 1024;
+
+struct WorkPlan {
+  std::vector<WorkItem> items;    // costliest first (a better dynamic schedule)
+  std::vector<MergeItem> merges;  // run after every item
+  std::int64_t partial_tokens = 0;  // partial-state token slots the splits write
+  int max_item_tokens = 0;          // most query tokens of one item
+};
+
+// query_start_loc [B+1] and seq_lens [B] (key counts) on the host.
+WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
+                        int num_kv_heads, bool causal);
+
+}  // namespace pagedattn::cpu_attn

@@ -1,0 +1,150 @@
+// Run-time ISA choice and the public kernel entry points (no SIMD here).
+#include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
+
+#include <hwy/targets.h>
+
+#include <atomic>
+
+namespace pagedattn::cpu_attn {
+
+namespace {
+
+constexpr Isa kAllIsas[] = {Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::Scalar};
+
+std::size_t align_up(std::size_t bytes) {
+  return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment;
+}
+
+bool cpu_runs(Isa isa) {
+  const std::int64_t supported = hwy::SupportedTargets();
+  switch (isa) {
+    case Isa::Avx512Bf16:
+#if defined(__x86_64__) || defined(__i386__)
+      return (supported & HWY_AVX3) != 0 && __builtin_cpu_supports("avx512bf16");
+#else
+      return false;
+#endif
+    case Isa::Avx512:
+      return (supported & HWY_AVX3) != 0;
+    case Isa::Avx2:
+      return (supported & HWY_AVX2) != 0;
+    case Isa::Scalar:
+      return true;
+  }
+  return false;
+}
+
+struct Active {
+  Isa isa;
+  KernelTable table;
+};
+
+Active best_active() {
+  for (Isa isa : kAllIsas) {
+    if (isa_compiled(isa) && cpu_runs(isa)) return {isa, kernel_table_for(isa)};
+  }
+  return {Isa::Scalar, kernel_table_for(Isa::Scalar)};
+}
+
+// The selection is written only by set_isa (between forward calls); readers
+// take one consistent snapshot per call.
+std::atomic<Active*>& active_slot() {
+  static Active initial = best_active();
+  static std::atomic<Active*> slot{&initial};
+  return slot;
+}
+
+}  // namespace
+
+Scratch::Scratch(void* base, int head_size, int num_rows) {
+  auto* p = static_cast<unsigned char*>(base);
+  const auto rows_count = static_cast<std::size_t>(num_rows);
+  const auto d = static_cast<std::size_t>(head_size);
+  auto take = [&p](std::size_t bytes) {
+    unsigned char* at = p;
+    p += align_up(bytes);
+    return at;
+  };
+  q = reinterpret_cast<float*>(take(rows_count * d * sizeof(float)));
+  acc = reinterpret_cast<float*>(take(rows_count * d * sizeof(float)));
+  s = reinterpret_cast<float*>(take(rows_count * kTileKeys * sizeof(float)));
+  m = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
+  l = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
+  alpha = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
+  rows = reinterpret_cast<RowInfo*>(take(rows_count * sizeof(RowInfo)));
+  kt = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
+  vf = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
+  tmp = reinterpret_cast<float*>(take(d * sizeof(float)));
+}
+
+std::size_t Scratch::bytes(int head_size, int num_rows) {
+  const auto rows_count = static_cast<std::size_t>(num_rows);
+  const auto d = static_cast<std::size_t>(head_size);
+  return 2 * align_up(rows_count * d * sizeof(float)) + align_up(rows_count * kTileKeys * sizeof(float)) +
+         3 * align_up(rows_count * sizeof(float)) + align_up(rows_count * sizeof(RowInfo)) +
+         2 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
+}
+
+std::size_t partial_row_floats(int head_size) { return static_cast<std::size_t>(head_size) + 2; }
+
+std::size_t scratch_bytes(int head_size, int max_rows) { return Scratch::bytes(head_size, max_rows); }
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512Bf16:
+      return "avx512bf16";
+    case Isa::Avx512:
+      return "avx512";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Scalar:
+      return "scalar";
+  }
+  return "unknown";
+}
+
+std::optional<Isa> parse_isa(std::string_view name) {
+  for (Isa isa : kAllIsas) {
+    if (isa_name(isa) == name) return isa;
+  }
+  return std::nullopt;
+}
+
+std::vector<Isa> compiled_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : kAllIsas) {
+    if (isa_compiled(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : kAllIsas) {
+    if (isa_compiled(isa) && cpu_runs(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+Isa active_isa() { return active_slot().load(std::memory_order_acquire)->isa; }
+
+bool set_isa(Isa isa) {
+  if (!isa_compiled(isa) || !cpu_runs(isa)) return false;
+  // One immutable entry per ISA, so a reader's snapshot never changes under it.
+  static Active entries[] = {{Isa::Avx512Bf16, {}}, {Isa::Avx512, {}}, {Isa::Avx2, {}}, {Isa::Scalar, {}}};
+  Active& entry = entries[static_cast<int>(isa)];
+  if (entry.table.run_item == nullptr) entry.table = kernel_table_for(isa);
+  active_slot().store(&entry, std::memory_order_release);
+  return true;
+}
+
+void run_work_item(const AttentionParams& params, const WorkItem& item, const PartialState& partials,
+                   void* scratch) {
+  active_slot().load(std::memory_order_acquire)->table.run_item(params, item, partials, scratch);
+}
+
+void run_merge_item(const AttentionParams& params, const MergeItem& item, const PartialState& partials) {
+  active_slot().load(std::memory_order_acquire)->table.run_merge(params, item, partials);
+}
+
+}  // namespace pagedattn::cpu_attn

@@ -1,0 +1,54 @@
+// Target-independent pieces of the CPU_ATTN kernel: tile constants, the
+// per-item scratch layout and the table of per-target entry points.
+// Internal to src/backends/cpu_attn/kernels.
+#pragma once
+
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
+#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pagedattn::cpu_attn {
+
+// Keys per tile: two AVX-512 float vectors, so a score row of a tile fills
+// whole vectors on every target (scalar 1 lane, AVX2 8, AVX-512 16).
+inline constexpr int kTileKeys = 32;
+// Head sizes are multiples of this (the backend's head_size_rule).
+inline constexpr int kMinHeadSizeMultiple = 8;
+
+struct RowInfo {
+  std::int32_t lo = 0;  // visible keys [lo, hi)
+  std::int32_t hi = 0;
+  float position = 0.0f;  // p, for ALiBi
+  float slope = 0.0f;     // ALiBi slope (0 = none)
+};
+
+// Carves one work item's buffers out of the caller's scratch.
+struct Scratch {
+  float* q = nullptr;       // [rows, D] query, times scale (and the K dequant scale)
+  float* acc = nullptr;     // [rows, D] unnormalized output
+  float* s = nullptr;       // [rows, kTileKeys] scores, then probabilities
+  float* m = nullptr;       // [rows] running max
+  float* l = nullptr;       // [rows] running sum
+  float* alpha = nullptr;   // [rows] rescale of the accumulator for the current tile
+  RowInfo* rows = nullptr;  // [rows]
+  float* kt = nullptr;      // [D, kTileKeys] transposed K tile
+  float* vf = nullptr;      // [kTileKeys, D] converted V tile
+  float* tmp = nullptr;     // [D] one converted row
+
+  Scratch(void* base, int head_size, int num_rows);
+  static std::size_t bytes(int head_size, int num_rows);
+};
+
+// Entry points of one compiled target.
+struct KernelTable {
+  void (*run_item)(const AttentionParams&, const WorkItem&, const PartialState&, void* scratch) = nullptr;
+  void (*run_merge)(const AttentionParams&, const MergeItem&, const PartialState&) = nullptr;
+};
+
+bool isa_compiled(Isa isa);
+// The table of a compiled ISA.
+KernelTable kernel_table_for(Isa isa);
+
+}  // namespace pagedattn::cpu_attn

@@ -1,0 +1,854 @@
+// Per-target body of the CPU_ATTN kernel (Highway foreach_target: this file is
+// compiled once per SIMD target) and the run-time dispatch between targets.
+//
+// One work item: rows = query tokens x the query heads of one KV head. For each
+// tile of kTileKeys keys the kernel computes the score tile S = Q K^T, applies
+// soft cap / ALiBi / masks, updates the online softmax (running max m, sum l)
+// and accumulates P V into the output accumulator. K and V of a tile are read
+// (and dequantized) once for all rows. Two score paths:
+//  - few rows (decodes): per key, dot products straight from the cache row;
+//  - many rows (prefills): the K tile is transposed into a [D, kTileKeys]
+//    buffer so each query scalar multiplies a vector of keys (no reductions).
+// The AVX-512 target adds specializations of both (section "AVX-512
+// specializations" below), including the AVX512-BF16 prefill paths.
+
+// Only the targets CPU_ATTN tests: AVX-512, AVX2 and the portable HWY_SCALAR
+// (this toolchain's baseline fallback).
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4 | HWY_AVX3_DL)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backends/cpu_attn/kernels/cpu_attn_kernel.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// foreach_target must come first; the rest follows.
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
+#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::cpu_attn::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Rows sharing one pass over a K row or a transposed K column (register block).
+constexpr int kRowBlock = 4;
+// Items with at least this many rows take the transposed-K score path: its
+// packing cost (one scalar scatter per key element) amortizes over the rows.
+constexpr int kTransposeMinRows = 16;
+// e4m3 bits placed into an IEEE half's exponent/mantissa fields read 2^-8
+// too small (half bias 15 vs e4m3 bias 7), subnormals included; the item
+// multiplies the K and V scales by this once instead.
+constexpr float kE4M3HalfRescale = 256.0f;
+// What the half reading of the e4m3 NaN code S.1111.111 gives (1.875 * 2^0).
+constexpr float kE4M3NanAsHalf = 1.875f;
+
+// Factor LoadKV's values are off by for a KV element type.
+float kv_load_rescale(DType kv) { return kv == DType::FP8_E4M3 ? kE4M3HalfRescale : 1.0f; }
+
+inline float neg_inf() { return -std::numeric_limits<float>::infinity(); }
+
+// ---- element access ----------------------------------------------------------
+
+// Lanes(d) elements of a K/V row at `p`, converted (dequantized) to float.
+template <DType KV, class D>
+HWY_INLINE hn::Vec<D> LoadKV(D d, const unsigned char* p) {
+  if constexpr (KV == DType::F32) {
+    return hn::LoadU(d, reinterpret_cast<const float*>(p));
+  } else if constexpr (KV == DType::BF16) {
+    const hn::Rebind<hwy::bfloat16_t, D> dbf;
+    return hn::PromoteTo(d, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(p)));
+  } else if constexpr (KV == DType::F16) {
+    const hn::Rebind<hwy::float16_t, D> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  } else if constexpr (KV == DType::FP8_E5M2) {
+    // e5m2 is the top byte of an IEEE half.
+    const hn::Rebind<std::uint8_t, D> du8;
+    const hn::Rebind<std::uint16_t, D> du16;
+    const hn::Rebind<hwy::float16_t, D> dh;
+    const auto half_bits = hn::ShiftLeft<8>(hn::PromoteTo(du16, hn::LoadU(du8, p)));
+    return hn::PromoteTo(d, hn::BitCast(dh, half_bits));
+  } else {
+    static_assert(KV == DType::FP8_E4M3, "unsupported KV dtype");
+    // Rebuilt as a half (exact, no float denormals: those cost microcode
+    // assists on some CPUs), converted by the hardware half-to-float.
+    const hn::Rebind<std::uint8_t, D> du8;
+    const hn::Rebind<std::uint16_t, D> du16;
+    const hn::Rebind<hwy::float16_t, D> dh;
+    const auto b = hn::PromoteTo(du16, hn::LoadU(du8, p));
+    const auto half_bits = hn::Or(hn::ShiftLeft<8>(hn::And(b, hn::Set(du16, std::uint16_t{0x80}))),
+                                  hn::ShiftLeft<7>(hn::And(b, hn::Set(du16, std::uint16_t{0x7F}))));
+    const auto value = hn::PromoteTo(d, hn::BitCast(dh, half_bits));
+    const auto is_nan = hn::Eq(hn::Abs(value), hn::Set(d, kE4M3NanAsHalf));
+    return hn::IfThenElse(is_nan, hn::Set(d, std::numeric_limits<float>::quiet_NaN()), value);
+  }
+}
+
+const unsigned char* element(const void* base, std::int64_t offset, DType t) {
+  return static_cast<const unsigned char*>(base) + offset * static_cast<std::int64_t>(dtype_size(t));
+}
+
+float kv_scale_of(const float* scales, bool per_head, int kv_head) {
+  if (scales == nullptr) return 1.0f;
+  return scales[per_head ? kv_head : 0];
+}
+
+// ---- one work item -------------------------------------------------------------
+
+struct ItemShape {
+  int group = 0;
+  int rows = 0;
+  int num_keys = 0;  // keys of the request
+  int q_len = 0;     // query tokens of the request
+  int first_token = 0;
+};
+
+ItemShape item_shape(const AttentionParams& p, int request, int q_begin, int q_end) {
+  ItemShape s;
+  s.group = p.num_heads / p.num_kv_heads;
+  s.rows = (q_end - q_begin) * s.group;
+  s.first_token = p.query_start_loc[request];
+  s.q_len = p.query_start_loc[request + 1] - s.first_token;
+  s.num_keys = p.key_source == KeySource::DenseRows ? s.q_len : p.seq_lens[request];
+  return s;
+}
+
+// Visible keys of every row (docs/semantics.md masks); returns their union.
+void fill_rows(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, RowInfo* rows,
+               int& union_lo, int& union_hi) {
+  const int context_len = shape.num_keys - shape.q_len;
+  union_lo = shape.num_keys;
+  union_hi = 0;
+  for (int r = 0; r < shape.rows; ++r) {
+    const int qi = item.q_begin + r / shape.group;
+    const int head = item.kv_head * shape.group + r % shape.group;
+    const int pos = context_len + qi;
+    int lo = 0;
+    int hi = shape.num_keys;
+    if (p.causal) hi = std::min(hi, pos + 1);
+    if (p.sliding_window > 0) {
+      lo = std::max(lo, pos - p.sliding_window + 1);
+      hi = std::min(hi, p.window_form == WindowForm::Left ? pos + 1 : pos + p.sliding_window);
+    }
+    rows[r] = RowInfo{lo, hi, static_cast<float>(pos), p.alibi_slopes ? p.alibi_slopes[head] : 0.0f};
+    if (lo < hi) {
+      union_lo = std::min(union_lo, lo);
+      union_hi = std::max(union_hi, hi);
+    }
+  }
+}
+
+void load_queries(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, float q_scale,
+                  float* q) {
+  const int d_size = p.head_size;
+  for (int r = 0; r < shape.rows; ++r) {
+    const int token = shape.first_token + item.q_begin + r / shape.group;
+    const int head = item.kv_head * shape.group + r % shape.group;
+    const unsigned char* src =
+        element(p.query.data, token * p.query.row_stride + head * p.query.head_stride, p.query.dtype);
+    const auto step = static_cast<std::int64_t>(dtype_size(p.query.dtype));
+    for (int d = 0; d < d_size; ++d) q[r * d_size + d] = load_as_float(src + d * step, p.query.dtype) * q_scale;
+  }
+}
+
+// Row pointers of keys/values [t0, t0 + n) of one KV head.
+void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, int t0, int n,
+                   const unsigned char** k_rows, const unsigned char** v_rows) {
+  if (p.key_source == KeySource::DenseRows) {
+    for (int i = 0; i < n; ++i) {
+      const std::int64_t row = shape.first_token + t0 + i;
+      k_rows[i] = element(p.key.data, row * p.key.row_stride + item.kv_head * p.key.head_stride, p.kv_dtype);
+      v_rows[i] = element(p.value.data, row * p.value.row_stride + item.kv_head * p.value.head_stride, p.kv_dtype);
+    }
+    return;
+  }
+  const std::int32_t* table = p.block_table + item.request * p.block_table_row_stride;
+  const CacheOperand& kc = p.key_cache;
+  const CacheOperand& vc = p.value_cache;
+  // Walk the tile block by block: one table lookup per block, not per key.
+  int i = 0;
+  while (i < n) {
+    const int j = t0 + i;
+    const std::int64_t block = table[j / p.block_size];
+    const int first_slot = j % p.block_size;
+    const int run = std::min(n - i, p.block_size - first_slot);
+    const unsigned char* k_row =
+        element(kc.data, block * kc.block_stride + first_slot * kc.slot_stride + item.kv_head * kc.head_stride, p.kv_dtype);
+    const unsigned char* v_row =
+        element(vc.data, block * vc.block_stride + first_slot * vc.slot_stride + item.kv_head * vc.head_stride, p.kv_dtype);
+    const std::int64_t k_step = kc.slot_stride * static_cast<std::int64_t>(dtype_size(p.kv_dtype));
+    const std::int64_t v_step = vc.slot_stride * static_cast<std::int64_t>(dtype_size(p.kv_dtype));
+    for (int s = 0; s < run; ++s, ++i) {
+      k_rows[i] = k_row + s * k_step;
+      v_rows[i] = v_row + s * v_step;
+    }
+  }
+}
+
+// Tiles between the one computed and the one prefetched: paged blocks are
+// scattered, so the hardware prefetchers lose the stream at every block.
+// Measured (docs/perf.md): one tile ahead into L1 beat two tiles into L2, no
+// prefetch, and prefetching only the start of each block.
+constexpr int kPrefetchTiles = 1;
+
+void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_bytes) {
+  constexpr std::size_t kCacheLine = 64;
+  constexpr int kReadOnly = 0;
+  constexpr int kKeepInL1 = 3;
+  for (int i = 0; i < n; ++i) {
+    for (std::size_t off = 0; off < row_bytes; off += kCacheLine) {
+      __builtin_prefetch(rows[i] + off, kReadOnly, kKeepInL1);
+    }
+  }
+}
+
+// S[r, i] = q_r . k_i for keys straight from their rows (few rows).
+template <DType KV, class D>
+void scores_rowwise(D d, const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* k_rows) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const auto esize = static_cast<int>(dtype_size(KV));
+  for (int i = 0; i < n; ++i) {
+    for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+      const int rb = std::min(kRowBlock, rows - r0);
+      hn::Vec<D> acc[kRowBlock];
+      for (int r = 0; r < kRowBlock; ++r) acc[r] = hn::Zero(d);
+      for (int c = 0; c < d_size; c += lanes) {
+        const auto k = LoadKV<KV>(d, k_rows[i] + c * esize);
+        for (int r = 0; r < rb; ++r) acc[r] = hn::MulAdd(hn::LoadU(d, sc.q + (r0 + r) * d_size + c), k, acc[r]);
+      }
+      for (int r = 0; r < rb; ++r) sc.s[(r0 + r) * kTileKeys + i] = hn::GetLane(hn::SumOfLanes(d, acc[r]));
+    }
+  }
+}
+
+// S = Q K^T through a transposed K tile (many rows): no horizontal reductions.
+template <DType KV, class D>
+void scores_transposed(D d, const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* k_rows) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const auto esize = static_cast<int>(dtype_size(KV));
+  for (int i = 0; i < kTileKeys; ++i) {
+    if (i < n) {
+      for (int c = 0; c < d_size; c += lanes) hn::StoreU(LoadKV<KV>(d, k_rows[i] + c * esize), d, sc.tmp + c);
+      for (int e = 0; e < d_size; ++e) sc.kt[e * kTileKeys + i] = sc.tmp[e];
+    } else {
+      for (int e = 0; e < d_size; ++e) sc.kt[e * kTileKeys + i] = 0.0f;
+    }
+  }
+  const int key_vecs = kTileKeys / lanes;
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int rb = std::min(kRowBlock, rows - r0);
+    for (int kv0 = 0; kv0 < key_vecs; kv0 += 2) {
+      // Two key vectors x up to four rows: eight accumulators stay in registers.
+      const int kvn = std::min(2, key_vecs - kv0);
+      hn::Vec<D> acc[kRowBlock][2];
+      for (int r = 0; r < kRowBlock; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
+      for (int e = 0; e < d_size; ++e) {
+        const float* col = sc.kt + e * kTileKeys + kv0 * lanes;
+        const auto k0 = hn::Load(d, col);
+        const auto k1 = kvn > 1 ? hn::Load(d, col + lanes) : hn::Zero(d);
+        for (int r = 0; r < rb; ++r) {
+          const auto qv = hn::Set(d, sc.q[(r0 + r) * d_size + e]);
+          acc[r][0] = hn::MulAdd(qv, k0, acc[r][0]);
+          acc[r][1] = hn::MulAdd(qv, k1, acc[r][1]);
+        }
+      }
+      for (int r = 0; r < rb; ++r) {
+        float* out = sc.s + (r0 + r) * kTileKeys + kv0 * lanes;
+        hn::Store(acc[r][0], d, out);
+        if (kvn > 1) hn::Store(acc[r][1], d, out + lanes);
+      }
+    }
+  }
+}
+
+#if HWY_TARGET == HWY_AVX3
+// ---- AVX-512 specializations ---------------------------------------------------
+// The AVX512-BF16 path (Isa::Avx512Bf16, prefill tiles with bf16 queries and
+// keys): scores with vdpbf16ps, which multiplies bf16 pairs exactly and
+// accumulates in fp32 (equal to the fp32 path up to summation order), and P V
+// with probabilities rounded to bf16. Compiled with the extra target flag and
+// only called when the CPU has it (cpu_attn_dispatch.cpp).
+#define PAGEDATTN_BF16_TARGET __attribute__((target("avx512bf16")))
+
+// Bf16 elements per 512-bit vector.
+constexpr int kBf16PerVector = 32;
+
+// Sums of four vectors: lane r of the result is the sum of a[r].
+HWY_INLINE __m128 Reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Stores the four row sums into column i of the score tile (rows r0..r0+rb).
+HWY_INLINE void StoreRowScores(const Scratch& sc, int r0, int rb, int i, __m128 sums) {
+  alignas(16) float v[kRowBlock];
+  _mm_store_ps(v, sums);
+  for (int r = 0; r < rb; ++r) sc.s[(r0 + r) * kTileKeys + i] = v[r];
+}
+
+// Rowwise scores with one joint reduction per four rows (fp32 FMA, any KV type;
+// head size a multiple of 16).
+template <DType KV>
+void ScoresRowwiseAvx3(const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* k_rows) {
+  const hn::ScalableTag<float> d;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const auto esize = static_cast<int>(dtype_size(KV));
+  for (int i = 0; i < n; ++i) {
+    for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+      const int rb = std::min(kRowBlock, rows - r0);
+      // Missing rows of a partial block reuse row r0 and are not stored.
+      const float* q[kRowBlock];
+      for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + (r < rb ? r : 0)) * d_size;
+      hn::Vec<decltype(d)> a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+      for (int c = 0; c < d_size; c += lanes) {
+        const auto k = LoadKV<KV>(d, k_rows[i] + c * esize);
+        a0 = hn::MulAdd(hn::Load(d, q[0] + c), k, a0);
+        a1 = hn::MulAdd(hn::Load(d, q[1] + c), k, a1);
+        a2 = hn::MulAdd(hn::Load(d, q[2] + c), k, a2);
+        a3 = hn::MulAdd(hn::Load(d, q[3] + c), k, a3);
+      }
+      StoreRowScores(sc, r0, rb, i, Reduce4(a0.raw, a1.raw, a2.raw, a3.raw));
+    }
+  }
+}
+
+// Copies the bf16 query rows (unscaled) into the scratch as raw bits.
+void LoadQueriesBf16(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, std::uint16_t* q) {
+  const int d_size = p.head_size;
+  for (int r = 0; r < shape.rows; ++r) {
+    const int token = shape.first_token + item.q_begin + r / shape.group;
+    const int head = item.kv_head * shape.group + r % shape.group;
+    const unsigned char* src =
+        element(p.query.data, token * p.query.row_stride + head * p.query.head_stride, DType::BF16);
+    std::memcpy(q + static_cast<std::size_t>(r) * d_size, src, static_cast<std::size_t>(d_size) * sizeof(std::uint16_t));
+  }
+}
+
+// Transposed bf16 dot-product scores (prefills): the K tile is packed as bf16
+// pairs [D / 2, kTileKeys] so one broadcast query pair meets 16 keys.
+constexpr int kDotRowBlock = 8;  // 8 rows x 2 key vectors = 16 accumulators
+PAGEDATTN_BF16_TARGET void ScoresTransposedBf16(const Scratch& sc, int rows, int d_size, int n,
+                                                const unsigned char* const* k_rows, float scale) {
+  const int pairs = d_size / 2;
+  auto* kt = reinterpret_cast<std::uint32_t*>(sc.kt);
+  for (int i = 0; i < kTileKeys; ++i) {
+    if (i < n) {
+      const auto* row = reinterpret_cast<const std::uint32_t*>(k_rows[i]);
+      for (int e = 0; e < pairs; ++e) kt[e * kTileKeys + i] = row[e];
+    } else {
+      for (int e = 0; e < pairs; ++e) kt[e * kTileKeys + i] = 0;
+    }
+  }
+  const auto* q32 = reinterpret_cast<const std::uint32_t*>(sc.q);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r0 = 0; r0 < rows; r0 += kDotRowBlock) {
+    const int rb = std::min(kDotRowBlock, rows - r0);
+    const std::uint32_t* q[kDotRowBlock];
+    for (int r = 0; r < kDotRowBlock; ++r) q[r] = q32 + (r0 + (r < rb ? r : 0)) * pairs;
+    __m512 acc[kDotRowBlock][2];
+    for (int r = 0; r < kDotRowBlock; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int e = 0; e < pairs; ++e) {
+      const __m512bh k0 = (__m512bh)_mm512_load_si512(kt + e * kTileKeys);
+      const __m512bh k1 = (__m512bh)_mm512_load_si512(kt + e * kTileKeys + kTileKeys / 2);
+      for (int r = 0; r < kDotRowBlock; ++r) {
+        const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][e]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qv, k0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qv, k1);
+      }
+    }
+    for (int r = 0; r < rb; ++r) {
+      float* out = sc.s + (r0 + r) * kTileKeys;
+      _mm512_store_ps(out, _mm512_mul_ps(acc[r][0], vscale));
+      _mm512_store_ps(out + kTileKeys / 2, _mm512_mul_ps(acc[r][1], vscale));
+    }
+  }
+}
+
+// P V with vdpbf16ps for a bf16 V tile (prefills): V is packed as bf16 pairs
+// of consecutive keys [kTileKeys / 2, D] and each row's probabilities are
+// rounded to bf16 pairs, as FlashAttention does; half the instructions of the
+// fp32 loop. Rows in pairs x kPvVectors vectors (16 accumulators); d_size a
+// multiple of kPvVectors * 16.
+constexpr int kPvVectors = 8;
+constexpr int kFloatsPerVector = 16;
+PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_size, int n,
+                                            const unsigned char* const* v_rows) {
+  // Pack: pair j holds keys 2j and 2j + 1 (a missing key reads as zero).
+  auto* vp = reinterpret_cast<std::uint16_t*>(sc.vf);  // [kTileKeys / 2, D, 2]
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
+  const int pairs = (n + 1) / 2;
+  for (int j = 0; j < pairs; ++j) {
+    const unsigned char* a = v_rows[2 * j];
+    const bool has_b = 2 * j + 1 < n;
+    for (int c = 0; c < d_size; c += kBf16PerVector) {
+      const __m512i va = _mm512_loadu_si512(a + c * sizeof(std::uint16_t));
+      const __m512i vb = has_b ? _mm512_loadu_si512(v_rows[2 * j + 1] + c * sizeof(std::uint16_t)) : _mm512_setzero_si512();
+      std::uint16_t* dst = vp + (static_cast<std::size_t>(j) * d_size + c) * 2;
+      _mm512_store_si512(dst, _mm512_permutex2var_epi16(va, lo_idx, vb));
+      _mm512_store_si512(dst + kBf16PerVector, _mm512_permutex2var_epi16(va, hi_idx, vb));
+    }
+  }
+  // Probabilities as bf16 pairs, one row of kTileKeys / 2 pairs per row, in sc.kt.
+  auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
+  for (int r = 0; r < rows; ++r) {
+    const float* prob = sc.s + r * kTileKeys;
+    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + kFloatsPerVector), _mm512_load_ps(prob));
+    _mm512_store_si512(pb + r * (kTileKeys / 2), (__m512i)packed);
+  }
+  for (int r0 = 0; r0 < rows; r0 += 2) {
+    const int r1 = std::min(r0 + 1, rows - 1);  // an odd last row is computed twice, stored once
+    float* a0 = sc.acc + r0 * d_size;
+    float* a1 = sc.acc + r1 * d_size;
+    const std::uint32_t* p0 = pb + r0 * (kTileKeys / 2);
+    const std::uint32_t* p1 = pb + r1 * (kTileKeys / 2);
+    const __m512 alpha0 = _mm512_set1_ps(sc.alpha[r0]);
+    const __m512 alpha1 = _mm512_set1_ps(sc.alpha[r1]);
+    for (int c0 = 0; c0 < d_size; c0 += kPvVectors * kFloatsPerVector) {
+      __m512 acc0[kPvVectors];
+      __m512 acc1[kPvVectors];
+      for (int v = 0; v < kPvVectors; ++v) {
+        acc0[v] = _mm512_mul_ps(_mm512_load_ps(a0 + c0 + v * kFloatsPerVector), alpha0);
+        acc1[v] = _mm512_mul_ps(_mm512_load_ps(a1 + c0 + v * kFloatsPerVector), alpha1);
+      }
+      for (int j = 0; j < pairs; ++j) {
+        const __m512bh b0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p0[j]));
+        const __m512bh b1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p1[j]));
+        const std::uint16_t* vrow = vp + (static_cast<std::size_t>(j) * d_size + c0) * 2;
+        for (int v = 0; v < kPvVectors; ++v) {
+          const __m512bh x = (__m512bh)_mm512_load_si512(vrow + v * kBf16PerVector);
+          acc0[v] = _mm512_dpbf16_ps(acc0[v], b0, x);
+          acc1[v] = _mm512_dpbf16_ps(acc1[v], b1, x);
+        }
+      }
+      for (int v = 0; v < kPvVectors; ++v) {
+        _mm512_store_ps(a0 + c0 + v * kFloatsPerVector, acc0[v]);
+        if (r1 != r0) _mm512_store_ps(a1 + c0 + v * kFloatsPerVector, acc1[v]);
+      }
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3
+
+// Soft cap, ALiBi and masks on the score tile, then the online-softmax update:
+// S becomes P = exp(S - m_new), alpha = exp(m_old - m_new).
+template <class D>
+void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n) {
+  const hn::RebindToSigned<D> di;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const bool soft_cap = p.soft_cap > 0.0f;
+  const auto cap = hn::Set(d, p.soft_cap);
+  const auto inv_cap = hn::Set(d, soft_cap ? 1.0f / p.soft_cap : 0.0f);
+  const auto minus_inf = hn::Set(d, neg_inf());
+  for (int r = 0; r < rows; ++r) {
+    const RowInfo& info = sc.rows[r];
+    float* srow = sc.s + r * kTileKeys;
+    const int lo = info.lo;
+    const int hi = std::min(info.hi, t0 + n);
+    if (lo >= hi || hi <= t0 || lo >= t0 + n) {
+      sc.alpha[r] = 1.0f;
+      for (int i = 0; i < kTileKeys; ++i) srow[i] = 0.0f;
+      continue;
+    }
+    auto vmax = minus_inf;
+    const auto vlo_minus_one = hn::Set(di, lo - 1);
+    const auto vhi = hn::Set(di, hi);
+    const auto slope = hn::Set(d, info.slope);
+    const auto pos = hn::Set(d, info.position);
+    // A tile the row sees whole (most tiles of a long row) needs no mask.
+    const bool whole = lo <= t0 && hi >= t0 + kTileKeys;
+    const bool modified = soft_cap || p.alibi_slopes != nullptr;
+    for (int i = 0; i < kTileKeys; i += lanes) {
+      auto sv = hn::Load(d, srow + i);
+      if (whole && !modified) {
+        vmax = hn::Max(vmax, sv);
+        continue;
+      }
+      const auto j = hn::Iota(di, t0 + i);
+      if (soft_cap) sv = hn::Mul(cap, hn::Tanh(d, hn::Mul(sv, inv_cap)));
+      if (p.alibi_slopes != nullptr) sv = hn::MulAdd(slope, hn::Sub(hn::ConvertTo(d, j), pos), sv);
+      if (!whole) {
+        const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, vlo_minus_one), hn::Lt(j, vhi)));
+        sv = hn::IfThenElse(visible, sv, minus_inf);
+      }
+      hn::Store(sv, d, srow + i);
+      vmax = hn::Max(vmax, sv);
+    }
+    const float m_old = sc.m[r];
+    const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+    const auto vm = hn::Set(d, m_new);
+    auto vsum = hn::Zero(d);
+    for (int i = 0; i < kTileKeys; i += lanes) {
+      const auto pv = hn::Exp(d, hn::Sub(hn::Load(d, srow + i), vm));  // exp(-inf) = 0 for masked keys
+      hn::Store(pv, d, srow + i);
+      vsum = hn::Add(vsum, pv);
+    }
+    const float alpha = m_old == neg_inf() ? 0.0f : std::exp(m_old - m_new);
+    sc.alpha[r] = alpha;
+    sc.l[r] = sc.l[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
+    sc.m[r] = m_new;
+  }
+}
+
+// acc = alpha * acc + P V. `v_rows` point at the rows of the tile, or null when
+// the tile was converted into sc.vf. Full blocks of kRowBlock rows keep their
+// accumulators in registers (a runtime row count would spill them).
+template <DType KV, class D>
+HWY_INLINE hn::Vec<D> LoadV(D d, const Scratch& sc, const unsigned char* const* v_rows, int i, int c, int d_size) {
+  if (v_rows != nullptr) return LoadKV<KV>(d, v_rows[i] + c * static_cast<int>(dtype_size(KV)));
+  return hn::Load(d, sc.vf + i * d_size + c);
+}
+
+template <DType KV, class D>
+void accumulate_pv(D d, const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* v_rows) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  int r0 = 0;
+  for (; r0 + kRowBlock <= rows; r0 += kRowBlock) {
+    float* a[kRowBlock];
+    const float* prob[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) {
+      a[r] = sc.acc + (r0 + r) * d_size;
+      prob[r] = sc.s + (r0 + r) * kTileKeys;
+    }
+    const auto alpha0 = hn::Set(d, sc.alpha[r0]);
+    const auto alpha1 = hn::Set(d, sc.alpha[r0 + 1]);
+    const auto alpha2 = hn::Set(d, sc.alpha[r0 + 2]);
+    const auto alpha3 = hn::Set(d, sc.alpha[r0 + 3]);
+    for (int c = 0; c < d_size; c += lanes) {
+      auto acc0 = hn::Mul(hn::Load(d, a[0] + c), alpha0);
+      auto acc1 = hn::Mul(hn::Load(d, a[1] + c), alpha1);
+      auto acc2 = hn::Mul(hn::Load(d, a[2] + c), alpha2);
+      auto acc3 = hn::Mul(hn::Load(d, a[3] + c), alpha3);
+      for (int i = 0; i < n; ++i) {
+        const auto v = LoadV<KV>(d, sc, v_rows, i, c, d_size);
+        acc0 = hn::MulAdd(hn::Set(d, prob[0][i]), v, acc0);
+        acc1 = hn::MulAdd(hn::Set(d, prob[1][i]), v, acc1);
+        acc2 = hn::MulAdd(hn::Set(d, prob[2][i]), v, acc2);
+        acc3 = hn::MulAdd(hn::Set(d, prob[3][i]), v, acc3);
+      }
+      hn::Store(acc0, d, a[0] + c);
+      hn::Store(acc1, d, a[1] + c);
+      hn::Store(acc2, d, a[2] + c);
+      hn::Store(acc3, d, a[3] + c);
+    }
+  }
+  for (; r0 < rows; ++r0) {  // leftover rows, one at a time
+    float* a = sc.acc + r0 * d_size;
+    const float* prob = sc.s + r0 * kTileKeys;
+    const auto alpha = hn::Set(d, sc.alpha[r0]);
+    for (int c = 0; c < d_size; c += lanes) {
+      auto acc = hn::Mul(hn::Load(d, a + c), alpha);
+      for (int i = 0; i < n; ++i) acc = hn::MulAdd(hn::Set(d, prob[i]), LoadV<KV>(d, sc, v_rows, i, c, d_size), acc);
+      hn::Store(acc, d, a + c);
+    }
+  }
+}
+
+// acc = alpha * acc + P V for a converted V tile (prefills), two rows x
+// kPvVectors vectors at a time: 16 accumulators, so each V load feeds two FMAs
+// and each probability broadcast feeds kPvVectors (the 4-row loop above is
+// load-bound). Needs 32 vector registers (AVX-512) and d_size % (kWidePvVectors
+// lanes) == 0.
+constexpr int kWidePvVectors = 8;
+template <class D>
+void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  int r0 = 0;
+  for (; r0 + 2 <= rows; r0 += 2) {
+    float* a0 = sc.acc + r0 * d_size;
+    float* a1 = a0 + d_size;
+    const float* p0 = sc.s + r0 * kTileKeys;
+    const float* p1 = p0 + kTileKeys;
+    const auto alpha0 = hn::Set(d, sc.alpha[r0]);
+    const auto alpha1 = hn::Set(d, sc.alpha[r0 + 1]);
+    for (int c0 = 0; c0 < d_size; c0 += kWidePvVectors * lanes) {
+      hn::Vec<D> acc0[kWidePvVectors];
+      hn::Vec<D> acc1[kWidePvVectors];
+      for (int v = 0; v < kWidePvVectors; ++v) {
+        acc0[v] = hn::Mul(hn::Load(d, a0 + c0 + v * lanes), alpha0);
+        acc1[v] = hn::Mul(hn::Load(d, a1 + c0 + v * lanes), alpha1);
+      }
+      for (int i = 0; i < n; ++i) {
+        const auto b0 = hn::Set(d, p0[i]);
+        const auto b1 = hn::Set(d, p1[i]);
+        const float* vrow = sc.vf + i * d_size + c0;
+        for (int v = 0; v < kWidePvVectors; ++v) {
+          const auto x = hn::Load(d, vrow + v * lanes);
+          acc0[v] = hn::MulAdd(b0, x, acc0[v]);
+          acc1[v] = hn::MulAdd(b1, x, acc1[v]);
+        }
+      }
+      for (int v = 0; v < kWidePvVectors; ++v) {
+        hn::Store(acc0[v], d, a0 + c0 + v * lanes);
+        hn::Store(acc1[v], d, a1 + c0 + v * lanes);
+      }
+    }
+  }
+  if (r0 < rows) {  // an odd last row
+    float* a = sc.acc + r0 * d_size;
+    const float* prob = sc.s + r0 * kTileKeys;
+    const auto alpha = hn::Set(d, sc.alpha[r0]);
+    for (int c = 0; c < d_size; c += lanes) {
+      auto acc = hn::Mul(hn::Load(d, a + c), alpha);
+      for (int i = 0; i < n; ++i) acc = hn::MulAdd(hn::Set(d, prob[i]), hn::Load(d, sc.vf + i * d_size + c), acc);
+      hn::Store(acc, d, a + c);
+    }
+  }
+}
+
+// Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
+void finish_row(const AttentionParams& p, int token, int head, float m, float l, const float* acc, float v_scale) {
+  const int d_size = p.head_size;
+  const DType out_dtype = p.query.dtype;
+  auto* out = static_cast<unsigned char*>(p.output) +
+              (token * p.output_row_stride + head * p.output_head_stride) * static_cast<std::int64_t>(dtype_size(out_dtype));
+  const auto step = static_cast<std::int64_t>(dtype_size(out_dtype));
+  float* lse = p.lse == nullptr ? nullptr : p.lse + head * p.lse_head_stride + token * p.lse_token_stride;
+  if (m == neg_inf()) {  // no visible key: zeros, LSE -inf (also with a sink)
+    for (int e = 0; e < d_size; ++e) store_from_float(out + e * step, out_dtype, 0.0f);
+    if (lse != nullptr) *lse = neg_inf();
+    return;
+  }
+  if (p.sinks != nullptr) {
+    const float sink = p.sinks[head];
+    const float m_all = std::max(m, sink);
+    l = l * std::exp(m - m_all) + std::exp(sink - m_all);
+    v_scale *= std::exp(m - m_all);
+    m = m_all;
+  }
+  const float factor = v_scale / l;
+  for (int e = 0; e < d_size; ++e) store_from_float(out + e * step, out_dtype, acc[e] * factor);
+  if (lse != nullptr) *lse = m + std::log(l);
+}
+
+// `dot`: take the AVX512-BF16 prefill paths where they apply (bf16 queries and
+// keys; head size a multiple of 32 for the scores, of 128 for P V).
+template <DType KV, class D>
+void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials, void* scratch,
+                  bool dot) {
+  const ItemShape shape = item_shape(p, item.request, item.q_begin, item.q_end);
+  const int d_size = p.head_size;
+  const Scratch sc(scratch, d_size, shape.rows);
+  int lo = 0;
+  int hi = 0;
+  fill_rows(p, item, shape, sc.rows, lo, hi);
+  lo = std::max(lo, item.k_begin);
+  hi = std::min(hi, item.k_end);
+  const float k_scale = kv_scale_of(p.k_scale, p.per_head_kv_scales, item.kv_head) * kv_load_rescale(KV);
+  const float v_scale = kv_scale_of(p.v_scale, p.per_head_kv_scales, item.kv_head) * kv_load_rescale(KV);
+  const bool packed = shape.rows >= kTransposeMinRows;
+#if HWY_TARGET == HWY_AVX3
+  const bool full_vectors = d_size % static_cast<int>(hn::Lanes(d)) == 0 && hn::Lanes(d) == 16;
+  // Only the packed (prefill) paths use the bf16 dot products: for decodes the
+  // fp32 rowwise loop measured faster (docs/perf.md).
+  const bool bf16_dot =
+      dot && packed && KV == DType::BF16 && p.query.dtype == DType::BF16 && d_size % kBf16PerVector == 0;
+  if (bf16_dot) {
+    LoadQueriesBf16(p, item, shape, reinterpret_cast<std::uint16_t*>(sc.q));
+  } else {
+    load_queries(p, item, shape, p.scale * k_scale, sc.q);
+  }
+#else
+  static_cast<void>(dot);
+  load_queries(p, item, shape, p.scale * k_scale, sc.q);
+#endif
+  std::fill(sc.acc, sc.acc + static_cast<std::size_t>(shape.rows) * d_size, 0.0f);
+  std::fill(sc.m, sc.m + shape.rows, neg_inf());
+  std::fill(sc.l, sc.l + shape.rows, 0.0f);
+
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const auto esize = static_cast<int>(dtype_size(KV));
+  const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
+  const unsigned char* k_rows[kTileKeys];
+  const unsigned char* v_rows[kTileKeys];
+  const unsigned char* ahead_k[kTileKeys];
+  const unsigned char* ahead_v[kTileKeys];
+  for (int t0 = lo; t0 < hi; t0 += kTileKeys) {
+    const int n = std::min(kTileKeys, hi - t0);
+    tile_pointers(p, item, shape, t0, n, k_rows, v_rows);
+    const int ahead = t0 + kPrefetchTiles * kTileKeys;
+    if (ahead < hi) {
+      const int ahead_n = std::min(kTileKeys, hi - ahead);
+      tile_pointers(p, item, shape, ahead, ahead_n, ahead_k, ahead_v);
+      prefetch_rows(ahead_k, ahead_n, row_bytes);
+      prefetch_rows(ahead_v, ahead_n, row_bytes);
+    }
+#if HWY_TARGET == HWY_AVX3
+    if (bf16_dot) {
+      ScoresTransposedBf16(sc, shape.rows, d_size, n, k_rows, p.scale);
+    } else if (packed) {
+      scores_transposed<KV>(d, sc, shape.rows, d_size, n, k_rows);
+    } else if (full_vectors) {
+      ScoresRowwiseAvx3<KV>(sc, shape.rows, d_size, n, k_rows);
+    } else {
+      scores_rowwise<KV>(d, sc, shape.rows, d_size, n, k_rows);
+    }
+#else
+    if (packed) {
+      scores_transposed<KV>(d, sc, shape.rows, d_size, n, k_rows);
+    } else {
+      scores_rowwise<KV>(d, sc, shape.rows, d_size, n, k_rows);
+    }
+#endif
+    softmax_tile(d, p, sc, shape.rows, t0, n);
+    if (packed) {
+#if HWY_TARGET == HWY_AVX3
+      if (bf16_dot && d_size % (kPvVectors * kFloatsPerVector) == 0) {
+        AccumulatePvBf16(sc, shape.rows, d_size, n, v_rows);
+        continue;
+      }
+#endif
+      for (int i = 0; i < n; ++i) {
+        for (int c = 0; c < d_size; c += lanes) hn::Store(LoadKV<KV>(d, v_rows[i] + c * esize), d, sc.vf + i * d_size + c);
+      }
+#if HWY_TARGET == HWY_AVX3
+      if (d_size % (kWidePvVectors * lanes) == 0) {
+        accumulate_pv_wide(d, sc, shape.rows, d_size, n);
+        continue;
+      }
+#endif
+      accumulate_pv<KV>(d, sc, shape.rows, d_size, n, nullptr);
+    } else {
+      accumulate_pv<KV>(d, sc, shape.rows, d_size, n, v_rows);
+    }
+  }
+
+  if (item.partial_token >= 0) {
+    const std::size_t row_floats = partial_row_floats(d_size);
+    float* base = partials.data + static_cast<std::size_t>(item.partial_token) * shape.group * row_floats;
+    for (int r = 0; r < shape.rows; ++r) {
+      float* dst = base + static_cast<std::size_t>(r) * row_floats;
+      std::copy(sc.acc + r * d_size, sc.acc + (r + 1) * d_size, dst);
+      dst[d_size] = sc.m[r];
+      dst[d_size + 1] = sc.l[r];
+    }
+    return;
+  }
+  for (int r = 0; r < shape.rows; ++r) {
+    const int token = shape.first_token + item.q_begin + r / shape.group;
+    const int head = item.kv_head * shape.group + r % shape.group;
+    finish_row(p, token, head, sc.m[r], sc.l[r], sc.acc + r * d_size, v_scale);
+  }
+}
+
+template <class D>
+void RunItemForDescriptor(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
+                          void* scratch, bool dot) {
+  switch (p.kv_dtype) {
+    case DType::F32:
+      return RunItemTyped<DType::F32>(d, p, item, partials, scratch, dot);
+    case DType::F16:
+      return RunItemTyped<DType::F16>(d, p, item, partials, scratch, dot);
+    case DType::BF16:
+      return RunItemTyped<DType::BF16>(d, p, item, partials, scratch, dot);
+    case DType::FP8_E4M3:
+      return RunItemTyped<DType::FP8_E4M3>(d, p, item, partials, scratch, dot);
+    case DType::FP8_E5M2:
+      return RunItemTyped<DType::FP8_E5M2>(d, p, item, partials, scratch, dot);
+    default:
+      return;  // the backend admits no other KV dtype
+  }
+}
+
+// Head sizes are multiples of 8: full vectors when the head size is a multiple
+// of the lane count, else 8-lane vectors (every target has them).
+template <bool kDot>
+void RunItem(const AttentionParams& p, const WorkItem& item, const PartialState& partials, void* scratch) {
+  const hn::ScalableTag<float> full;
+  if (p.head_size % static_cast<int>(hn::Lanes(full)) == 0) {
+    return RunItemForDescriptor(full, p, item, partials, scratch, kDot);
+  }
+  const hn::CappedTag<float, kMinHeadSizeMultiple> capped;
+  return RunItemForDescriptor(capped, p, item, partials, scratch, kDot);
+}
+
+// Combines split partials in split order (deterministic), then finishes each row.
+void RunMerge(const AttentionParams& p, const MergeItem& item, const PartialState& partials) {
+  const int d_size = p.head_size;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int q_tokens = item.q_end - item.q_begin;
+  const int rows = q_tokens * group;
+  const std::size_t row_floats = partial_row_floats(d_size);
+  const std::size_t split_floats = static_cast<std::size_t>(q_tokens) * group * row_floats;
+  float* first = partials.data + static_cast<std::size_t>(item.first_partial_token) * group * row_floats;
+  const float v_scale = kv_scale_of(p.v_scale, p.per_head_kv_scales, item.kv_head) * kv_load_rescale(p.kv_dtype);
+  const int first_token = p.query_start_loc[item.request];
+  // The first split's accumulator row is rescaled in place; partials are scratch.
+  for (int r = 0; r < rows; ++r) {
+    float m = neg_inf();
+    for (int s = 0; s < item.num_splits; ++s) m = std::max(m, first[s * split_floats + r * row_floats + d_size]);
+    float* acc = first + r * row_floats;
+    float l = 0.0f;
+    if (m != neg_inf()) {
+      for (int s = 0; s < item.num_splits; ++s) {
+        const float* part = first + s * split_floats + r * row_floats;
+        const float w = part[d_size] == neg_inf() ? 0.0f : std::exp(part[d_size] - m);
+        l += part[d_size + 1] * w;
+        if (s == 0) {
+          for (int e = 0; e < d_size; ++e) acc[e] *= w;
+        } else {
+          for (int e = 0; e < d_size; ++e) acc[e] += part[e] * w;
+        }
+      }
+    }
+    const int token = first_token + item.q_begin + r / group;
+    const int head = item.kv_head * group + r % group;
+    finish_row(p, token, head, m, l, acc, v_scale);
+  }
+}
+
+// `bf16_dot`: the table of Isa::Avx512Bf16 (only the AVX3 target has that path).
+KernelTable GetKernelTable(bool bf16_dot) {
+  return KernelTable{bf16_dot ? &RunItem<true> : &RunItem<false>, &RunMerge};
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace pagedattn::cpu_attn::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pagedattn::cpu_attn {
+
+KernelTable kernel_table_for(Isa isa) {
+  switch (isa) {
+#if HWY_TARGETS & HWY_AVX3
+    case Isa::Avx512Bf16:
+      return N_AVX3::GetKernelTable(true);
+    case Isa::Avx512:
+      return N_AVX3::GetKernelTable(false);
+#endif
+#if HWY_TARGETS & HWY_AVX2
+    case Isa::Avx2:
+      return N_AVX2::GetKernelTable(false);
+#endif
+    default:
+      return N_SCALAR::GetKernelTable(false);
+  }
+}
+
+bool isa_compiled(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512Bf16:
+    case Isa::Avx512:
+      return (HWY_TARGETS & HWY_AVX3) != 0;
+    case Isa::Avx2:
+      return (HWY_TARGETS & HWY_AVX2) != 0;
+    case Isa::Scalar:
+      return (HWY_TARGETS & HWY_SCALAR) != 0;
+  }
+  return false;
+}
+
+}  // namespace pagedattn::cpu_attn
+#endif  // HWY_ONCE

@@ -1,0 +1,138 @@
+// The CPU_ATTN attention kernel: tiled online softmax over a paged (or dense)
+// KV source, one work item = (request, KV head, query tile, KV range). Every
+// query head of the KV head's GQA group is processed against each K/V tile, so
+// a tile is loaded and dequantized once per group.
+//
+// Raw pointers and POD params only (no core headers): the backend validates
+// every argument and builds the work list before calling in. SIMD code is
+// compiled once per Highway target (AVX-512, AVX2, portable scalar) and
+// chosen at run time (cpu_attn_isa.h).
+#pragma once
+
+#include <pagedattn/scalar.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pagedattn::cpu_attn {
+
+// Where the keys and values of a request come from.
+enum class KeySource : std::uint8_t {
+  PagedCache,  // decoder and cross-attention: key j lives in the paged cache
+  DenseRows,   // encoder / encoder-only: keys are the request's own rows of key/value
+};
+
+// Which sliding-window rule applies (docs/semantics.md).
+enum class WindowForm : std::uint8_t {
+  Left,           // decoder: p - W < j <= p
+  Bidirectional,  // encoder / encoder-only: |p - j| <= W - 1
+};
+
+// A strided [rows, heads, head_size] operand; the last dimension is contiguous.
+struct RowsOperand {
+  const void* data = nullptr;
+  DType dtype = DType::F32;
+  std::int64_t row_stride = 0;   // elements between consecutive rows
+  std::int64_t head_stride = 0;  // elements between consecutive heads
+};
+
+// One half (K or V) of the paged cache, logically [num_blocks, block_size, Hkv, D]
+// with a contiguous last dimension (NHD or HND strides).
+struct CacheOperand {
+  const void* data = nullptr;
+  std::int64_t block_stride = 0;
+  std::int64_t slot_stride = 0;
+  std::int64_t head_stride = 0;
+};
+
+struct AttentionParams {
+  // ---- problem ----
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_size = 0;  // a multiple of 8
+  float scale = 1.0f;
+  bool causal = true;  // decoder only
+  int sliding_window = 0;  // 0 = none
+  WindowForm window_form = WindowForm::Left;
+  float soft_cap = 0.0f;                // <= 0 = off
+  const float* alibi_slopes = nullptr;  // [num_heads] or null
+  const float* sinks = nullptr;         // [num_heads] or null
+
+  // ---- batch (host memory) ----
+  const std::int32_t* query_start_loc = nullptr;  // [num_reqs + 1]
+  const std::int32_t* seq_lens = nullptr;         // [num_reqs] keys per request (PagedCache)
+  const std::int32_t* block_table = nullptr;      // [num_reqs, block_table_row_stride]
+  std::int64_t block_table_row_stride = 0;
+  int block_size = 0;
+
+  // ---- inputs ----
+  RowsOperand query;  // [T, H, D]
+  KeySource key_source = KeySource::PagedCache;
+  RowsOperand key;    // [T, Hkv, D], DenseRows only
+  RowsOperand value;  // [T, Hkv, D], DenseRows only
+  CacheOperand key_cache;    // PagedCache only
+  CacheOperand value_cache;  // PagedCache only
+  DType kv_dtype = DType::BF16;  // element type of the K/V source
+  // fp8 dequantization scales ([1] per tensor or [Hkv] per head), null otherwise.
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  bool per_head_kv_scales = false;
+
+  // ---- outputs ----
+  void* output = nullptr;  // [T, H, D] in the query dtype
+  std::int64_t output_row_stride = 0;
+  std::int64_t output_head_stride = 0;
+  float* lse = nullptr;  // [H, T] or null
+  std::int64_t lse_head_stride = 0;
+  std::int64_t lse_token_stride = 0;
+};
+
+// One unit of parallel work. Keys outside each row's visible interval are
+// masked inside the kernel, so [k_begin, k_end) only bounds what is read.
+struct WorkItem {
+  std::int32_t request = 0;
+  std::int32_t kv_head = 0;
+  std::int32_t q_begin = 0;  // query tokens [q_begin, q_end) of the request
+  std::int32_t q_end = 0;
+  std::int32_t k_begin = 0;  // keys [k_begin, k_end) of the request
+  std::int32_t k_end = 0;
+  // < 0: the item covers every key and writes the output itself. Otherwise the
+  // first of its (q_end - q_begin) partial-state token slots (see PartialState).
+  std::int64_t partial_token = -1;
+};
+
+// Combines the split partials of one (request, KV head, query tile), in split order.
+struct MergeItem {
+  std::int32_t request = 0;
+  std::int32_t kv_head = 0;
+  std::int32_t q_begin = 0;
+  std::int32_t q_end = 0;
+  std::int64_t first_partial_token = 0;  // split s uses first_partial_token + s * (q_end - q_begin)
+  std::int32_t num_splits = 0;
+};
+
+// Unnormalized online-softmax state of split work items. One partial token
+// slot holds `group` rows (the query heads of one KV head), each row
+// `partial_row_floats(head_size)` floats: [acc (padded head size), max, sum].
+struct PartialState {
+  float* data = nullptr;
+  int group = 0;
+};
+
+// Floats per partial row, and bytes of per-thread scratch for a work item of
+// at most `max_rows` rows (= query tokens x GQA group).
+std::size_t partial_row_floats(int head_size);
+std::size_t scratch_bytes(int head_size, int max_rows);
+
+// Alignment the scratch buffer must have.
+inline constexpr std::size_t kScratchAlignment = 64;
+
+// Runs one work item with the selected ISA. `scratch` holds at least
+// scratch_bytes(head_size, rows of the item) bytes, kScratchAlignment-aligned.
+void run_work_item(const AttentionParams& params, const WorkItem& item, const PartialState& partials,
+                   void* scratch);
+
+// Finalizes one query tile from its split partials (sinks, v_scale, LSE, output dtype).
+void run_merge_item(const AttentionParams& params, const MergeItem& item, const PartialState& partials);
+
+}  // namespace pagedattn::cpu_attn

@@ -1,0 +1,125 @@
+// Google Benchmark suite for the CPU_ATTN inner kernel: one work item at a time
+// (single thread), per ISA, for the shapes of the targets (32/8 heads,
+// head size 128, block 16). Not part of CTest: run bin/cpu_attn_kernel_bench.
+#include <benchmark/benchmark.h>
+
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
+#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace pagedattn::cpu_attn {
+namespace {
+
+constexpr int kHeads = 32;
+constexpr int kKvHeads = 8;
+constexpr int kHeadSize = 128;
+constexpr int kBlockSize = 16;
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// One request with `keys` cached keys (NHD layout, blocks in random order) and
+// `queries` query tokens.
+struct Fixture {
+  std::vector<std::uint8_t> k_cache, v_cache, query, output;
+  std::vector<std::int32_t> block_table, query_start_loc, seq_lens;
+  std::vector<float> partials;
+  std::unique_ptr<void, AlignedFree> scratch;
+  AttentionParams p;
+
+  Fixture(int queries, int keys, DType kv_dtype) {
+    const int blocks = (keys + kBlockSize - 1) / kBlockSize;
+    const std::size_t kv_elems = static_cast<std::size_t>(blocks) * kBlockSize * kKvHeads * kHeadSize;
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    auto fill = [&](std::vector<std::uint8_t>& v, std::size_t n, DType t) {
+      v.resize(n * dtype_size(t));
+      for (std::size_t i = 0; i < n; ++i) store_from_float(v.data() + i * dtype_size(t), t, dist(rng));
+    };
+    fill(k_cache, kv_elems, kv_dtype);
+    fill(v_cache, kv_elems, kv_dtype);
+    fill(query, static_cast<std::size_t>(queries) * kHeads * kHeadSize, DType::BF16);
+    output.resize(static_cast<std::size_t>(queries) * kHeads * kHeadSize * 2);
+    block_table.resize(static_cast<std::size_t>(blocks));
+    std::iota(block_table.begin(), block_table.end(), 0);
+    std::shuffle(block_table.begin(), block_table.end(), rng);
+    query_start_loc = {0, queries};
+    seq_lens = {keys};
+    partials.resize(static_cast<std::size_t>(queries) * kHeads * partial_row_floats(kHeadSize));
+    const int rows = queries * (kHeads / kKvHeads);
+    scratch.reset(std::aligned_alloc(kScratchAlignment,
+                                     (scratch_bytes(kHeadSize, rows) + kScratchAlignment - 1) / kScratchAlignment *
+                                         kScratchAlignment));
+
+    p.num_heads = kHeads;
+    p.num_kv_heads = kKvHeads;
+    p.head_size = kHeadSize;
+    p.scale = 0.088f;
+    p.query_start_loc = query_start_loc.data();
+    p.seq_lens = seq_lens.data();
+    p.block_table = block_table.data();
+    p.block_table_row_stride = blocks;
+    p.block_size = kBlockSize;
+    p.query = {query.data(), DType::BF16, kHeads * kHeadSize, kHeadSize};
+    const std::int64_t slot = kKvHeads * kHeadSize;
+    p.key_cache = {k_cache.data(), kBlockSize * slot, slot, kHeadSize};
+    p.value_cache = {v_cache.data(), kBlockSize * slot, slot, kHeadSize};
+    p.kv_dtype = kv_dtype;
+    static const float kUnitScale = 1.0f;
+    if (is_fp8(kv_dtype)) {
+      p.k_scale = &kUnitScale;
+      p.v_scale = &kUnitScale;
+    }
+    p.output = output.data();
+    p.output_row_stride = kHeads * kHeadSize;
+    p.output_head_stride = kHeadSize;
+  }
+};
+
+// Args: ISA index (cpu_attn_isa.h order), query tokens, keys, KV dtype.
+void BM_WorkItem(benchmark::State& state) {
+  const auto isa = static_cast<Isa>(state.range(0));
+  if (!set_isa(isa)) {
+    state.SkipWithError("ISA not available");
+    return;
+  }
+  const int queries = static_cast<int>(state.range(1));
+  const int keys = static_cast<int>(state.range(2));
+  Fixture f(queries, keys, static_cast<DType>(state.range(3)));
+  const WorkItem item{0, 0, 0, queries, 0, keys, -1};
+  for (auto _ : state) {
+    run_work_item(f.p, item, PartialState{f.partials.data(), kHeads / kKvHeads}, f.scratch.get());
+    benchmark::ClobberMemory();
+  }
+  const double group = kHeads / kKvHeads;
+  const double pairs = queries == 1 ? keys : static_cast<double>(queries) * keys;  // non-causal item
+  state.counters["GFLOP/s"] = benchmark::Counter(4.0 * pairs * group * kHeadSize * 1e-9 * state.iterations(),
+                                                 benchmark::Counter::kIsRate);
+  state.counters["GB/s"] = benchmark::Counter(
+      2.0 * keys * kHeadSize * dtype_size(f.p.kv_dtype) * 1e-9 * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(isa_name(isa)));
+}
+
+void Args(benchmark::internal::Benchmark* b) {
+  for (const Isa isa : compiled_isas()) {
+    const auto i = static_cast<std::int64_t>(isa);
+    b->Args({i, 1, 8192, static_cast<std::int64_t>(DType::BF16)});      // decode, one KV head
+    b->Args({i, 1, 8192, static_cast<std::int64_t>(DType::FP8_E4M3)});  // fp8 decode
+    b->Args({i, 16, 2048, static_cast<std::int64_t>(DType::BF16)});     // prefill tile
+  }
+}
+
+BENCHMARK(BM_WorkItem)->Apply(Args)->ArgNames({"isa", "q", "keys", "kv"});
+
+}  // namespace
+}  // namespace pagedattn::cpu_attn
+
+BENCHMARK_MAIN();

@@ -1,0 +1,208 @@
+#include "bench/attention_bench.h"
+
+#include <pagedattn/conformance.h>
+#include <pagedattn/error.h>
+#include <pagedattn/metadata.h>
+#include <pagedattn/registry.h>
+
+#include "bench/batch_spec.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+namespace pagedattn::bench {
+
+namespace {
+
+constexpr std::string_view kWhere = "bench";
+constexpr std::string_view kOracleBackend = "REFERENCE";
+
+const AttentionBackend& find_backend(std::string_view name) {
+  const AttentionBackend* b = BackendRegistry::instance().find(name);
+  if (b == nullptr) {
+    throw_invalid(kWhere, "--backend", fmt::format("one of {}", BackendRegistry::instance().names()), name);
+  }
+  return *b;
+}
+
+// Fills every element of a contiguous-storage tensor with uniform [-1, 1) values.
+void fill_random(const Tensor& t, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto* p = static_cast<unsigned char*>(t.data());
+  const std::size_t size = t.element_size();
+  const auto n = static_cast<std::size_t>(t.numel());
+  for (std::size_t i = 0; i < n; ++i) store_from_float(p + i * size, t.dtype(), dist(rng));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+double time_ms(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Workload {
+  std::vector<BatchRequest> requests;
+  std::vector<RequestSpec> specs;
+  CommonAttentionMetadata common;
+  Tensor cache;
+  KVCacheView kv;
+  Tensor query;
+  LayerQuantState layer;
+  AttentionImplParams params;
+  BuilderParams builder;
+};
+
+Workload make_workload(const BenchConfig& c, const AttentionBackend& backend) {
+  Workload w;
+  w.requests = parse_batch_spec(c.spec);
+  std::mt19937 rng(c.seed);
+  std::int64_t blocks = 0;
+  for (const BatchRequest& r : w.requests) blocks += (r.seq_len + c.block_size - 1) / c.block_size;
+  // Block 0 stays the null block; the rest are handed out in random order.
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(blocks));
+  std::iota(ids.begin(), ids.end(), 1);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::size_t next = 0;
+  for (const BatchRequest& r : w.requests) {
+    RequestSpec spec{r.query_len, r.seq_len, {}};
+    for (int b = 0; b < (r.seq_len + c.block_size - 1) / c.block_size; ++b) spec.blocks.push_back(ids[next++]);
+    w.specs.push_back(std::move(spec));
+  }
+  MetadataOptions options;
+  options.block_size = c.block_size;
+  w.common = make_common_metadata(w.specs, options);
+
+  const DType storage = kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype);
+  const Dims shape = backend.kv_cache_shape(blocks + 1, c.block_size, c.num_kv_heads, c.head_size, c.kv_cache_dtype);
+  const KVCacheLayout layout = backend.required_kv_cache_layout().value_or(c.layout);
+  w.cache = Tensor::empty_strided_order(shape, backend.kv_cache_stride_order(layout), storage, Device::cpu());
+  fill_random(w.cache, rng);
+  w.kv = backend.unbind_kv_cache(w.cache);
+  w.query = Tensor::empty({w.common.num_actual_tokens, c.num_heads, c.head_size}, c.dtype);
+  fill_random(w.query, rng);
+  const std::vector<float> one{1.0f};
+  w.layer.k_scale = Tensor::from_floats(one, {1}, DType::F32);
+  w.layer.v_scale = Tensor::from_floats(one, {1}, DType::F32);
+  w.layer.q_scale = Tensor::from_floats(one, {1}, DType::F32);
+  w.layer.prob_scale = Tensor::from_floats(one, {1}, DType::F32);
+
+  w.params.num_heads = c.num_heads;
+  w.params.num_kv_heads = c.num_kv_heads;
+  w.params.head_size = c.head_size;
+  w.params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_size));
+  w.params.kv_cache_dtype = c.kv_cache_dtype;
+  w.params.dtype = c.dtype;
+  w.builder.block_size = c.block_size;
+  w.builder.num_kv_heads = c.num_kv_heads;
+  w.builder.head_size = c.head_size;
+  return w;
+}
+
+Tensor run_forward(const AttentionBackend& backend, const Workload& w, const CommonAttentionMetadata& common,
+                   const Tensor& query) {
+  auto md = backend.make_builder(w.builder)->build(common);
+  auto impl = backend.make_impl(w.params);
+  Tensor out = Tensor::zeros({query.size(0), w.params.num_heads, w.params.head_size}, w.params.dtype);
+  impl->forward(w.layer, query, {}, {}, w.kv, *md, out, {});
+  return out;
+}
+
+// Runs REFERENCE on `rows` query tokens (each as a decode of its own prefix,
+// which is what a causal row sees) and compares them with `out`.
+std::optional<std::string> check_rows(const Workload& w, const Tensor& out, const BenchConfig& c, int& checked) {
+  const AttentionBackend& oracle = find_backend(kOracleBackend);
+  const int tokens = w.common.num_actual_tokens;
+  const int rows = std::min(c.check_rows, tokens);
+  std::vector<RequestSpec> specs;
+  std::vector<int> picked;
+  for (int k = 0; k < rows; ++k) {
+    const int t = rows == 1 ? tokens - 1 : static_cast<int>(static_cast<std::int64_t>(k) * (tokens - 1) / (rows - 1));
+    int r = 0;
+    while (w.common.query_start_loc_host()[static_cast<std::size_t>(r) + 1] <= t) ++r;
+    const int i = t - w.common.query_start_loc_host()[static_cast<std::size_t>(r)];
+    const RequestSpec& req = w.specs[static_cast<std::size_t>(r)];
+    specs.push_back(RequestSpec{1, req.seq_len - req.query_len + i + 1, req.blocks});
+    picked.push_back(t);
+  }
+  MetadataOptions options;
+  options.block_size = c.block_size;
+  const CommonAttentionMetadata sub = make_common_metadata(specs, options);
+  Tensor q = Tensor::empty({rows, c.num_heads, c.head_size}, c.dtype);
+  Tensor got = Tensor::empty({rows, c.num_heads, c.head_size}, c.dtype);
+  for (int k = 0; k < rows; ++k) {
+    const auto t = picked[static_cast<std::size_t>(k)];
+    copy_tensor(q.TensorView::slice(0, k, k + 1), w.query.TensorView::slice(0, t, t + 1));
+    copy_tensor(got.TensorView::slice(0, k, k + 1), out.TensorView::slice(0, t, t + 1));
+  }
+  const Tensor want = run_forward(oracle, w, sub, q);
+  OracleOutput expected;
+  expected.num_tokens = rows;
+  expected.num_heads = c.num_heads;
+  expected.head_size = c.head_size;
+  for (float v : to_float_vector(want)) expected.output.push_back(v);
+  checked = rows;
+  return compare_with_oracle(expected, to_float_vector(got), {}, c.dtype);
+}
+
+}  // namespace
+
+BenchResult run_attention_bench(const BenchConfig& c) {
+  check_arg(c.repeats >= 1, kWhere, "repeats", ">= 1", c.repeats);
+  check_arg(c.warmup >= 0, kWhere, "warmup", ">= 0", c.warmup);
+  check_arg(c.check_rows >= 1, kWhere, "check_rows", ">= 1", c.check_rows);
+  const AttentionBackend& backend = find_backend(c.backend);
+  const Workload w = make_workload(c, backend);
+  BenchResult res;
+  res.spec = format_batch_spec(w.requests);
+  res.num_reqs = w.common.num_reqs;
+  res.num_tokens = w.common.num_actual_tokens;
+
+  auto builder = backend.make_builder(w.builder);
+  auto impl = backend.make_impl(w.params);
+  std::shared_ptr<const BackendMetadata> md = builder->build(w.common);
+  Tensor out = Tensor::zeros({w.query.size(0), c.num_heads, c.head_size}, c.dtype);
+  impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {});
+  if (auto failure = check_rows(w, out, c, res.checked_rows)) {
+    res.check_message = *failure;
+    return res;
+  }
+  res.check_passed = true;
+
+  for (int i = 0; i < c.warmup; ++i) impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {});
+  std::vector<double> times;
+  std::vector<double> plan_times;
+  for (int i = 0; i < c.repeats; ++i) {
+    times.push_back(time_ms([&] { impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {}); }));
+    plan_times.push_back(time_ms([&] { md = builder->build(w.common); }));
+  }
+  res.median_ms = median(times);
+  res.min_ms = *std::min_element(times.begin(), times.end());
+  res.plan_median_ms = median(plan_times);
+
+  double pairs = 0.0;
+  double kv_tokens = 0.0;
+  for (const BatchRequest& r : w.requests) {
+    const double q = r.query_len;
+    pairs += q * (r.seq_len - r.query_len) + q * (q + 1) / 2;  // causal: token i sees context + i + 1 keys
+    kv_tokens += r.seq_len;
+  }
+  const double hd = static_cast<double>(c.num_heads) * c.head_size;
+  const auto kv_elem = static_cast<double>(dtype_size(kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype)));
+  res.flops = 4.0 * pairs * hd;
+  res.bytes = kv_tokens * c.num_kv_heads * c.head_size * 2.0 * kv_elem +
+              2.0 * res.num_tokens * hd * static_cast<double>(dtype_size(c.dtype));
+  res.tflop_per_s = res.flops / (res.median_ms * 1e-3) / 1e12;
+  res.gb_per_s = res.bytes / (res.median_ms * 1e-3) / 1e9;
+  return res;
+}
+
+}  // namespace pagedattn::bench

@@ -1,0 +1,51 @@
+#include "bench/attention_bench.h"
+
+#include <gtest/gtest.h>
+#include <pagedattn/error.h>
+
+namespace pagedattn::bench {
+namespace {
+
+BenchConfig small_config(std::string spec) {
+  BenchConfig c;
+  c.spec = std::move(spec);
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_size = 64;
+  c.warmup = 1;
+  c.repeats = 3;
+  c.check_rows = 4;
+  return c;
+}
+
+TEST(AttentionBenchTest, ChecksThenReportsFigures) {
+  const BenchResult r = run_attention_bench(small_config("2q1s300_q40"));
+  ASSERT_TRUE(r.check_passed) << r.check_message;
+  EXPECT_EQ(r.spec, "2q1s300_q40");
+  EXPECT_EQ(r.num_reqs, 3);
+  EXPECT_EQ(r.num_tokens, 42);
+  EXPECT_EQ(r.checked_rows, 4);
+  // Visible pairs: two decodes see 300 keys each; the causal prompt 40 * 41 / 2.
+  EXPECT_DOUBLE_EQ(r.flops, 4.0 * (2 * 300 + 40 * 41 / 2) * 4 * 64);
+  // K and V of every key once (bf16) + q + out.
+  EXPECT_DOUBLE_EQ(r.bytes, (2 * 300 + 40) * 2 * 64 * 2.0 * 2 + 2.0 * 42 * 4 * 64 * 2);
+  EXPECT_GT(r.median_ms, 0.0);
+  EXPECT_GE(r.median_ms, r.min_ms);
+  EXPECT_GT(r.tflop_per_s, 0.0);
+}
+
+TEST(AttentionBenchTest, Fp8KvIsCheckedToo) {
+  BenchConfig c = small_config("q1s200");
+  c.kv_cache_dtype = CacheDType::Fp8E4M3;
+  const BenchResult r = run_attention_bench(c);
+  EXPECT_TRUE(r.check_passed) << r.check_message;
+}
+
+TEST(AttentionBenchTest, RejectsAnUnknownBackend) {
+  BenchConfig c = small_config("q8");
+  c.backend = "NO_SUCH_BACKEND";
+  EXPECT_THROW(run_attention_bench(c), Error);
+}
+
+}  // namespace
+}  // namespace pagedattn::bench

@@ -1,0 +1,133 @@
+// `pagedattn bench`: batch-spec workloads timed on one backend, each checked
+// against REFERENCE first, with the machine's roofline measured in the same run.
+#include <nlohmann/json.hpp>
+#include <pagedattn/backend.h>
+#include <pagedattn/error.h>
+
+#include "bench/attention_bench.h"
+#include "bench/roofline.h"
+#include "commands.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+namespace pagedattn::cli {
+namespace {
+
+struct BenchOptions {
+  bench::BenchConfig config;
+  std::vector<std::string> specs;
+  std::string dtype = "bf16";
+  std::string kv_cache_dtype = "auto";
+  std::string layout = "NHD";
+  bool json = false;
+  int roofline_threads = 0;  // 0: PAGEDATTN_NUM_THREADS or the hardware's
+};
+
+int default_threads() {
+  if (const char* env = std::getenv("PAGEDATTN_NUM_THREADS"); env != nullptr && std::atoi(env) > 0) {
+    return std::atoi(env);
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+nlohmann::json to_json(const bench::BenchResult& r, const bench::Roofline& roof) {
+  nlohmann::json j = {{"spec", r.spec},
+                      {"num_reqs", r.num_reqs},
+                      {"num_tokens", r.num_tokens},
+                      {"check_passed", r.check_passed},
+                      {"checked_rows", r.checked_rows}};
+  if (!r.check_passed) {
+    j["check_message"] = r.check_message;
+    return j;
+  }
+  j.update({{"median_ms", r.median_ms},
+            {"min_ms", r.min_ms},
+            {"plan_median_ms", r.plan_median_ms},
+            {"flops", r.flops},
+            {"bytes", r.bytes},
+            {"tflop_per_s", r.tflop_per_s},
+            {"gb_per_s", r.gb_per_s},
+            {"fraction_of_read_bw", r.gb_per_s / roof.read_gb_per_s},
+            {"fraction_of_fma_peak", r.tflop_per_s * 1e3 / roof.fma_gflop_per_s}});
+  return j;
+}
+
+int run_bench(BenchOptions& o) {
+  const auto dtype = parse_dtype(o.dtype);
+  if (!dtype) throw_invalid("bench", "--dtype", "f32, f16 or bf16", o.dtype);
+  const auto kv = parse_cache_dtype(o.kv_cache_dtype);
+  if (!kv) throw_invalid("bench", "--kv-cache-dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", o.kv_cache_dtype);
+  const auto layout = parse_kv_cache_layout(o.layout);
+  if (!layout) throw_invalid("bench", "--kv-layout", "NHD or HND", o.layout);
+  o.config.layout = *layout;
+  o.config.dtype = *dtype;
+  o.config.kv_cache_dtype = *kv;
+  const bench::Roofline roof = bench::measure_roofline(o.roofline_threads > 0 ? o.roofline_threads : default_threads());
+  nlohmann::json runs = nlohmann::json::array();
+  bool all_passed = true;
+  if (!o.json) {
+    fmt::print("roofline ({} threads): read {:.1f} GB/s, fp32 FMA {:.1f} GFLOP/s\n", roof.threads, roof.read_gb_per_s,
+               roof.fma_gflop_per_s);
+    fmt::print("backend {}  H={}/{} D={} block={} dtype={} kv={} layout={}  warmup {} repeats {}\n",
+               o.config.backend, o.config.num_heads, o.config.num_kv_heads, o.config.head_size, o.config.block_size,
+               o.dtype, o.kv_cache_dtype, o.layout, o.config.warmup, o.config.repeats);
+    fmt::print("{:<20} {:>10} {:>10} {:>9} {:>8} {:>9} {:>8} {:>9}\n", "spec", "median ms", "plan ms", "GB/s", "of BW",
+               "GFLOP/s", "of FMA", "check");
+  }
+  for (const std::string& spec : o.specs) {
+    o.config.spec = spec;
+    const bench::BenchResult r = bench::run_attention_bench(o.config);
+    all_passed = all_passed && r.check_passed;
+    runs.push_back(to_json(r, roof));
+    if (o.json) continue;
+    if (!r.check_passed) {
+      fmt::print("{:<20} CHECK FAILED (no figures): {}\n", r.spec, r.check_message);
+      continue;
+    }
+    fmt::print("{:<20} {:>10.3f} {:>10.4f} {:>9.1f} {:>7.0f}% {:>9.1f} {:>7.0f}% {:>6} ok\n", r.spec, r.median_ms,
+               r.plan_median_ms, r.gb_per_s, 100.0 * r.gb_per_s / roof.read_gb_per_s, r.tflop_per_s * 1e3,
+               100.0 * r.tflop_per_s * 1e3 / roof.fma_gflop_per_s, r.checked_rows);
+  }
+  if (o.json) {
+    const nlohmann::json report = {
+        {"backend", o.config.backend},
+        {"num_heads", o.config.num_heads},
+        {"num_kv_heads", o.config.num_kv_heads},
+        {"head_size", o.config.head_size},
+        {"block_size", o.config.block_size},
+        {"dtype", o.dtype},
+        {"kv_cache_dtype", o.kv_cache_dtype},
+        {"kv_layout", o.layout},
+        {"roofline", {{"threads", roof.threads}, {"read_gb_per_s", roof.read_gb_per_s}, {"fma_gflop_per_s", roof.fma_gflop_per_s}}},
+        {"runs", runs}};
+    fmt::print("{}\n", report.dump(2));
+  }
+  return all_passed ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand("bench", "Time a backend on vLLM batch specs (checked against REFERENCE first)");
+  auto o = std::make_shared<BenchOptions>();
+  cmd->add_option("specs", o->specs, "Batch specs, e.g. 8q1s8k q2k q1k_16q1s4k")->required();
+  cmd->add_option("--backend", o->config.backend, "Backend to time")->capture_default_str();
+  cmd->add_option("--heads", o->config.num_heads, "Query heads")->capture_default_str();
+  cmd->add_option("--kv-heads", o->config.num_kv_heads, "KV heads")->capture_default_str();
+  cmd->add_option("--head-size", o->config.head_size, "Head size")->capture_default_str();
+  cmd->add_option("--block-size", o->config.block_size, "KV-cache block size")->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "Model dtype: f32, f16, bf16")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2")
+      ->capture_default_str();
+  cmd->add_option("--kv-layout", o->layout, "Physical KV layout: NHD or HND")->capture_default_str();
+  cmd->add_option("--warmup", o->config.warmup, "Untimed runs first")->capture_default_str();
+  cmd->add_option("--repeats", o->config.repeats, "Timed runs (the median is reported)")->capture_default_str();
+  cmd->add_option("--check-rows", o->config.check_rows, "Query tokens checked against REFERENCE")->capture_default_str();
+  cmd->add_option("--roofline-threads", o->roofline_threads, "Threads of the roofline (default: PAGEDATTN_NUM_THREADS or all)");
+  cmd->add_flag("--json", o->json, "Print one JSON report instead of the table");
+  cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
+}
+
+}  // namespace pagedattn::cli
