@@ -1,0 +1,83 @@
+#include "cuda_flash_backend.h"
+
+#include <pagedattn/error.h>
+
+#include "flash_impl.h"
+#include "flash_metadata.h"
+#include "flash_planner.h"
+#include "kernels/flash_params.h"
+
+namespace pagedattn {
+namespace {
+
+constexpr int kMaxHeadSize = cuda_flash::kMaxHeadSize;
+constexpr int kHeadSizeAlign = cuda_flash::kHeadSizeAlign;
+
+}  // namespace
+
+std::vector<CacheDType> CudaFlashBackend::supported_kv_cache_dtypes() const {
+  return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16,
+          CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
+}
+
+std::optional<std::string> CudaFlashBackend::head_size_rule(int head_size) const {
+  if (head_size % kHeadSizeAlign != 0 || head_size > kMaxHeadSize) {
+    return fmt::format("head_size must be a multiple of {} and at most {}", kHeadSizeAlign, kMaxHeadSize);
+  }
+  return std::nullopt;
+}
+
+KernelPlan CudaFlashBackend::plan_kernel(const AttentionProblem& problem) const {
+  KernelPlan plan;
+  if (!supports_dtype(problem.dtype)) {
+    plan.reasons.push_back(fmt::format("dtype {} not supported: the kernels use f16/bf16 tensor-core MMAs",
+                                       problem.dtype));
+  }
+  const bool kv_ok = problem.kv_storage_dtype == problem.dtype || is_fp8(problem.kv_storage_dtype);
+  if (!kv_ok) {
+    plan.reasons.push_back(fmt::format("kv cache storage dtype {} not supported with dtype {}",
+                                       problem.kv_storage_dtype, problem.dtype));
+  }
+  if (problem.head_size <= 0 || head_size_rule(problem.head_size)) {
+    plan.reasons.push_back(fmt::format("head_size {} not supported (multiples of {} up to {})", problem.head_size,
+                                       kHeadSizeAlign, kMaxHeadSize));
+  }
+  if (problem.num_heads <= 0 || problem.num_kv_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
+    plan.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
+                                       problem.num_heads, problem.num_kv_heads));
+  }
+  if (problem.block_size < 0) plan.reasons.push_back(fmt::format("block_size {} not supported", problem.block_size));
+  if (!plan.supported()) return plan;
+
+  plan.kernel = fmt::format("flash_hd{}_{}{}", cuda_flash::head_size_class(problem.head_size), problem.dtype,
+                            is_fp8(problem.kv_storage_dtype) ? fmt::format("_kv{}", problem.kv_storage_dtype) : "");
+  // Upper bound for the batch shape: every item split kMaxSplits ways.
+  if (problem.num_tokens > 0) {
+    const std::int64_t max_items =
+        static_cast<std::int64_t>(problem.num_reqs + problem.num_tokens / cuda_flash::kPrefillTokens + 1) *
+        cuda_flash::kMaxSplits;
+    const std::int64_t blocks_per_seq =
+        problem.block_size > 0 ? (problem.max_seq_len + problem.block_size - 1) / problem.block_size : 0;
+    plan.workspace_bytes = cuda_flash::workspace_layout(
+                               static_cast<std::size_t>(max_items), static_cast<std::size_t>(max_items),
+                               static_cast<std::size_t>(problem.num_reqs * blocks_per_seq),
+                               static_cast<std::int64_t>(problem.num_tokens) * cuda_flash::kMaxSplits,
+                               problem.num_heads, problem.head_size)
+                               .total_bytes;
+  }
+  return plan;
+}
+
+std::unique_ptr<AttentionImpl> CudaFlashBackend::make_impl(const AttentionImplParams& params) const {
+  return cuda_flash::make_flash_impl(params, *this);
+}
+
+std::unique_ptr<AttentionMetadataBuilder> CudaFlashBackend::make_builder(const BuilderParams& params) const {
+  return cuda_flash::make_flash_builder(params);
+}
+
+void register_cuda_flash_backend(BackendRegistry& registry) {
+  registry.add(std::make_unique<CudaFlashBackend>(), 0);
+}
+
+}  // namespace pagedattn

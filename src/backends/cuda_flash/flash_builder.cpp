@@ -1,0 +1,186 @@
+// The metadata builder: plans the step on the host once and uploads the plan
+// (header, work list, combine list, block table) with one async copy into a
+// persistent device workspace, so forward only launches.
+#include <cuda_runtime_api.h>
+#include <pagedattn/error.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "cuda/cuda_runtime.h"
+#include "flash_metadata.h"
+#include "flash_planner.h"
+
+namespace pagedattn::cuda_flash {
+namespace {
+
+constexpr std::string_view kWhere = "CUDA_FLASH builder";
+constexpr int kStagingSlots = 2;  // the host fills one while the other's copy may be in flight
+constexpr std::size_t kGrowthFactor = 2;  // pinned staging growth
+
+// Pinned host memory (truly asynchronous uploads) with the event of its last copy.
+class StagingSlot {
+ public:
+  ~StagingSlot() {
+    if (event_ != nullptr) {
+      cudaEventSynchronize(event_);
+      cudaEventDestroy(event_);
+    }
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  // Waits for the previous copy out of this slot, then grows it if needed.
+  char* acquire(std::size_t bytes) {
+    if (event_ == nullptr) cuda::check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), kWhere);
+    cuda::check_cuda(cudaEventSynchronize(event_), kWhere);
+    if (bytes > bytes_) {
+      if (data_ != nullptr) cuda::check_cuda(cudaFreeHost(data_), kWhere);
+      data_ = nullptr;
+      bytes_ = std::max(bytes, bytes_ * kGrowthFactor);
+      void* p = nullptr;
+      cuda::check_cuda(cudaMallocHost(&p, bytes_), kWhere);
+      data_ = static_cast<char*>(p);
+    }
+    return data_;
+  }
+  void record(cudaStream_t stream) { cuda::check_cuda(cudaEventRecord(event_, stream), kWhere); }
+
+ private:
+  char* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Entries each workspace region holds.
+struct Capacity {
+  std::size_t items = 0;
+  std::size_t combine = 0;
+  std::size_t table = 0;  // block-table elements
+  std::int64_t partial_rows = 0;
+
+  bool holds(const Capacity& n) const {
+    return n.items <= items && n.combine <= combine && n.table <= table && n.partial_rows <= partial_rows;
+  }
+  // At least `n`, and every region that must grow at least doubles.
+  Capacity grown_to(const Capacity& n) const {
+    const auto grow = [](auto have, auto want) { return want <= have ? have : std::max(want, have * 2); };
+    return {grow(items, n.items), grow(combine, n.combine), grow(table, n.table), grow(partial_rows, n.partial_rows)};
+  }
+};
+
+// The first workspace already holds a large step, so that graphs captured
+// early stay valid while later steps grow (a regrown workspace moves).
+constexpr Capacity kInitialCapacity{4096, 1024, std::size_t{1} << 16, 512};
+
+class FlashBuilder final : public AttentionMetadataBuilder {
+ public:
+  explicit FlashBuilder(BuilderParams params) : params_(std::move(params)) {
+    check_arg(params_.block_size > 0, kWhere, "block_size", "> 0", params_.block_size);
+    check_arg(params_.device.is_cuda(), kWhere, "device", "a CUDA device", params_.device);
+    check_arg(params_.num_kv_heads > 0, kWhere, "num_kv_heads", "> 0", params_.num_kv_heads);
+    check_arg(params_.head_size > 0, kWhere, "head_size", "> 0", params_.head_size);
+    num_sms_ = cuda::multiprocessor_count(params_.device.index);
+  }
+
+  std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
+    common.validate(kWhere);
+    check_arg(common.device() == params_.device, kWhere, "metadata device", params_.device, common.device());
+    if (common.block_size > 0) {
+      check_arg(common.block_size == params_.block_size, kWhere, "metadata block_size",
+                fmt::format("the builder's block_size ({})", params_.block_size), common.block_size);
+    }
+    cuda::DeviceGuard guard(params_.device.index);
+    const StepPlan plan = plan_step({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_});
+
+    const TensorView& bt = common.block_table_cpu;
+    const std::int64_t bt_rows = bt.defined() ? bt.size(0) : 0;
+    const std::int64_t bt_cols = bt.defined() && bt.dim() == 2 ? bt.size(1) : 0;
+    const int partial_heads = params_.num_kv_heads * kPartialGroupHint;
+    // The region offsets depend only on the capacities, never on this step's
+    // counts: a captured graph keeps reading the same addresses.
+    const Capacity need{plan.items.size(), plan.combine.size(), static_cast<std::size_t>(bt_rows * bt_cols),
+                        plan.partial_token_rows};
+    if (!workspace_ || !cap_.holds(need)) {
+      cap_ = (workspace_ ? cap_ : kInitialCapacity).grown_to(need);
+      layout_ = workspace_layout(cap_.items, cap_.combine, cap_.table, cap_.partial_rows, partial_heads,
+                                 params_.head_size);
+      workspace_ = std::make_shared<DeviceBuffer>(layout_.total_bytes, params_.device.index);
+    }
+    const WorkspaceLayout& layout = layout_;
+    const std::size_t upload_bytes = layout.block_table + need.table * sizeof(std::int32_t);
+
+    StagingSlot& slot = staging_[next_slot_];
+    next_slot_ = (next_slot_ + 1) % kStagingSlots;
+    char* host = slot.acquire(upload_bytes);
+    PlanHeader header;
+    header.num_items = static_cast<std::int32_t>(plan.items.size());
+    header.num_combine = static_cast<std::int32_t>(plan.combine.size());
+    header.block_table_stride = static_cast<std::int32_t>(bt_cols);
+    std::memcpy(host, &header, sizeof header);
+    std::memcpy(host + layout.items, plan.items.data(), plan.items.size() * sizeof(WorkItem));
+    std::memcpy(host + layout.combine, plan.combine.data(), plan.combine.size() * sizeof(CombineItem));
+    auto* table = reinterpret_cast<std::int32_t*>(host + layout.block_table);
+    for (std::int64_t r = 0; r < bt_rows; ++r) {
+      const std::span<const std::int32_t> row = common.block_table_host_row(static_cast<int>(r));
+      std::copy_n(row.begin(), bt_cols, table + r * bt_cols);
+    }
+    const auto stream = static_cast<cudaStream_t>(cuda::current_stream());
+    char* dev = workspace_->data();
+    cuda::check_cuda(cudaMemcpyAsync(dev, host, upload_bytes, cudaMemcpyHostToDevice, stream), kWhere);
+    slot.record(stream);
+
+    auto metadata = std::make_shared<FlashMetadata>();
+    metadata->common = common;
+    metadata->workspace = workspace_;
+    metadata->header = reinterpret_cast<const PlanHeader*>(dev);
+    metadata->items = reinterpret_cast<const WorkItem*>(dev + layout.items);
+    metadata->combine = reinterpret_cast<const CombineItem*>(dev + layout.combine);
+    metadata->block_table = reinterpret_cast<const std::int32_t*>(dev + layout.block_table);
+    metadata->partial_out = reinterpret_cast<float*>(dev + layout.partial_out);
+    metadata->partial_lse = reinterpret_cast<float*>(dev + layout.partial_lse);
+    metadata->num_items = header.num_items;
+    metadata->num_combine = header.num_combine;
+    metadata->partial_token_rows = plan.partial_token_rows;
+    metadata->partial_heads = partial_heads;
+    metadata->device = params_.device.index;
+    metadata->head_size = params_.head_size;
+    return metadata;
+  }
+
+ private:
+  BuilderParams params_;
+  int num_sms_ = 0;
+  std::shared_ptr<DeviceBuffer> workspace_;
+  Capacity cap_;
+  WorkspaceLayout layout_;
+  std::array<StagingSlot, kStagingSlots> staging_;
+  int next_slot_ = 0;
+};
+
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes, int device) : bytes_(bytes), device_(device) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    throw Error(ErrorKind::OutOfMemory, fmt::format("{}: cannot allocate a {}-byte workspace", kWhere, bytes));
+  }
+  cuda::check_cuda(e, kWhere);
+  data_ = static_cast<char*>(p);
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return;
+  cudaSetDevice(device_);
+  cudaFree(data_);  // synchronizes the device: in-flight kernels may still read it
+  cudaSetDevice(previous);
+  cudaGetLastError();
+}
+
+std::unique_ptr<AttentionMetadataBuilder> make_flash_builder(const BuilderParams& params) {
+  return std::make_unique<FlashBuilder>(params);
+}
+
+}  // namespace pagedattn::cuda_flash

@@ -1,0 +1,328 @@
+#include "flash_impl.h"
+
+#include <cuda_runtime_api.h>
+#include <pagedattn/error.h>
+#include <pagedattn/ops.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "cuda/cuda_runtime.h"
+#include "flash_metadata.h"
+#include "kernels/flash_params.h"
+
+namespace pagedattn::cuda_flash {
+namespace {
+
+constexpr std::string_view kImplWhere = "CUDA_FLASH impl";
+constexpr std::string_view kForwardWhere = "CUDA_FLASH forward";
+constexpr std::string_view kUpdateWhere = "CUDA_FLASH do_kv_cache_update";
+constexpr std::uintptr_t kVectorBytes = 16;  // the kernels move 16-byte vectors
+
+bool uses_paged_cache(AttentionType t) { return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder; }
+
+// The kernels load and store 8-element vectors: the base must be 16-byte
+// aligned (8-byte for fp8) and every stride but the last a multiple of 8.
+void check_vector_aligned(const TensorView& t, std::string_view name) {
+  const std::uintptr_t align = t.element_size() == 1 ? kVectorBytes / 2 : kVectorBytes;
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data());
+  check_arg(address % align == 0, kForwardWhere, fmt::format("{} data pointer", name),
+            fmt::format("{}-byte aligned", align), fmt::format("{:#x}", address));
+  for (int d = 0; d + 1 < t.dim(); ++d) {
+    check_arg(t.stride(d) % kHeadSizeAlign == 0, kForwardWhere, fmt::format("{}.stride({})", name, d),
+              fmt::format("a multiple of {}", kHeadSizeAlign), t.stride(d));
+  }
+}
+
+void check_rows(const TensorView& t, std::string_view name, Device device, std::int64_t min_rows,
+                std::int64_t heads, std::int64_t head_size, DType dtype) {
+  check_rank(t, kForwardWhere, name, 3);
+  check_dtype(t, kForwardWhere, name, dtype);
+  check_device(t, kForwardWhere, name, device);
+  check_size(t, 1, kForwardWhere, name, heads);
+  check_size(t, 2, kForwardWhere, name, head_size);
+  check_last_dim_contiguous(t, kForwardWhere, name);
+  check_arg(t.size(0) >= min_rows, kForwardWhere, fmt::format("{}.size(0)", name),
+            fmt::format(">= num_actual_tokens ({})", min_rows), t.size(0));
+  check_vector_aligned(t, name);
+}
+
+void check_cache_half(const TensorView& t, std::string_view where, std::string_view name, Device device, DType storage,
+                      int num_kv_heads, int head_size) {
+  check_rank(t, where, name, 4);
+  check_dtype(t, where, name, storage);
+  check_device(t, where, name, device);
+  check_size(t, 2, where, name, num_kv_heads);
+  check_size(t, 3, where, name, head_size);
+  check_last_dim_contiguous(t, where, name);
+}
+
+void check_kv_scale(const TensorView& scale, std::string_view where, std::string_view name, Device device,
+                    int num_kv_heads) {
+  check_arg(scale.defined(), where, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache", "undefined");
+  check_rank(scale, where, name, 1);
+  check_dtype(scale, where, name, DType::F32);
+  check_device(scale, where, name, device);
+  check_arg(scale.size(0) == 1 || scale.size(0) == num_kv_heads, where, fmt::format("{}.size(0)", name),
+            fmt::format("1 or num_kv_heads ({})", num_kv_heads), scale.size(0));
+}
+
+// Every block id a request uses addresses a block of the cache (read from the
+// host copy of the block table; the kernel bounds-checks them again).
+void check_block_ids(const CommonAttentionMetadata& common, std::int64_t num_blocks) {
+  for (int r = 0; r < common.num_reqs; ++r) {
+    const std::span<const std::int32_t> row = common.block_table_host_row(r);
+    const std::int64_t used = (common.seq_len(r) + common.block_size - 1) / std::max(common.block_size, 1);
+    for (std::int64_t b = 0; b < used && b < std::ssize(row); ++b) {
+      const std::int32_t id = row[static_cast<std::size_t>(b)];
+      // Messages are formatted only on failure: this loop runs per block per layer.
+      if (id < 0 || id >= num_blocks) {
+        throw_invalid(kForwardWhere, fmt::format("block_table[{}][{}]", r, b), fmt::format("in [0, {})", num_blocks),
+                      std::to_string(id));
+      }
+    }
+  }
+}
+
+class FlashImpl final : public AttentionImpl {
+ public:
+  FlashImpl(AttentionImplParams params, const AttentionBackend& backend)
+      : AttentionImpl(std::move(params)), backend_(backend) {
+    const AttentionImplParams& p = params_;
+    check_arg(p.num_heads > 0, kImplWhere, "num_heads", "> 0", p.num_heads);
+    check_arg(p.num_kv_heads > 0, kImplWhere, "num_kv_heads", "> 0", p.num_kv_heads);
+    check_arg(p.num_heads % p.num_kv_heads == 0, kImplWhere, "num_heads",
+              fmt::format("a multiple of num_kv_heads ({})", p.num_kv_heads), p.num_heads);
+    check_arg(p.alibi_slopes.empty() || std::ssize(p.alibi_slopes) == p.num_heads, kImplWhere,
+              "alibi_slopes.size()", fmt::format("0 or num_heads ({})", p.num_heads), p.alibi_slopes.size());
+    check_arg(p.sinks.empty() || std::ssize(p.sinks) == p.num_heads, kImplWhere, "sinks.size()",
+              fmt::format("0 or num_heads ({})", p.num_heads), p.sinks.size());
+    if (p.sliding_window) check_arg(*p.sliding_window > 0, kImplWhere, "sliding_window", "> 0", *p.sliding_window);
+    if (p.logits_soft_cap) {
+      check_arg(*p.logits_soft_cap >= 0.0f, kImplWhere, "logits_soft_cap", ">= 0", *p.logits_soft_cap);
+    }
+    check_arg(p.device.is_cuda(), kImplWhere, "device", "a CUDA device", p.device);
+    require_supported(backend_.plan_kernel(make_attention_problem(p, 0, nullptr, false, false)), backend_.name());
+    // Per-head constants live on the device for the whole life of the layer.
+    if (!p.alibi_slopes.empty()) {
+      alibi_ = Tensor::from_floats(p.alibi_slopes, {p.num_heads}, DType::F32, p.device);
+    }
+    if (!p.sinks.empty()) sinks_ = Tensor::from_floats(p.sinks, {p.num_heads}, DType::F32, p.device);
+  }
+
+  void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key, const TensorView& value,
+               const KVCacheView& kv_cache, const BackendMetadata& metadata, const TensorView& output,
+               const TensorView& lse) override;
+
+  void do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
+                          const KVCacheView& kv_cache, const TensorView& slot_mapping) override;
+
+  std::string_view class_name() const override { return "CudaFlashAttentionImpl"; }
+
+ private:
+  const AttentionBackend& backend_;
+  Tensor alibi_;
+  Tensor sinks_;
+};
+
+void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                        const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                        const TensorView& output, const TensorView& lse) {
+  const AttentionImplParams& p = params_;
+  const auto* plan = dynamic_cast<const FlashMetadata*>(&metadata);
+  check_arg(plan != nullptr, kForwardWhere, "metadata", "metadata built by the CUDA_FLASH builder",
+            "metadata of another backend");
+  const CommonAttentionMetadata& common = metadata.common;
+  const int tokens = common.num_actual_tokens;
+  const bool paged = uses_paged_cache(p.attn_type);
+  const Device device = p.device;
+
+  check_arg(common.device() == device, kForwardWhere, "metadata device", device, common.device());
+  check_arg(plan->head_size == p.head_size, kForwardWhere, "metadata head_size",
+            fmt::format("the layer's head_size ({})", p.head_size), plan->head_size);
+  check_rows(query, "query", device, tokens, p.num_heads, p.head_size, p.dtype);
+  check_rows(output, "output", device, tokens, p.num_heads, p.head_size, p.dtype);
+  if (lse.defined()) {
+    check_rank(lse, kForwardWhere, "lse", 2);
+    check_dtype(lse, kForwardWhere, "lse", DType::F32);
+    check_device(lse, kForwardWhere, "lse", device);
+    check_size(lse, 0, kForwardWhere, "lse", p.num_heads);
+    check_arg(lse.size(1) >= tokens, kForwardWhere, "lse.size(1)", fmt::format(">= num_actual_tokens ({})", tokens),
+              lse.size(1));
+  }
+
+  const DType storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
+  const bool fp8 = is_quantized_kv_cache(p.kv_cache_dtype);
+  std::int64_t num_blocks = 0;
+  int block_size = common.block_size;
+  if (paged) {
+    check_arg(kv_cache.defined(), kForwardWhere, "kv_cache", "a bound KV cache", "undefined");
+    check_cache_half(kv_cache.key, kForwardWhere, "kv_cache.key", device, storage, p.num_kv_heads, p.head_size);
+    check_cache_half(kv_cache.value, kForwardWhere, "kv_cache.value", device, storage, p.num_kv_heads, p.head_size);
+    check_arg(kv_cache.value.shape() == kv_cache.key.shape(), kForwardWhere, "kv_cache.value shape",
+              kv_cache.key.shape().str(), kv_cache.value.shape().str());
+    check_vector_aligned(kv_cache.key, "kv_cache.key");
+    check_vector_aligned(kv_cache.value, "kv_cache.value");
+    num_blocks = kv_cache.num_blocks();
+    if (common.block_size > 0) {
+      check_arg(kv_cache.block_size() == common.block_size, kForwardWhere, "kv_cache block size",
+                fmt::format("metadata block_size ({})", common.block_size), kv_cache.block_size());
+    }
+    block_size = kv_cache.block_size();
+    if (fp8) {
+      check_kv_scale(layer.k_scale, kForwardWhere, "k_scale", device, p.num_kv_heads);
+      check_kv_scale(layer.v_scale, kForwardWhere, "v_scale", device, p.num_kv_heads);
+      check_arg(layer.v_scale.size(0) == layer.k_scale.size(0), kForwardWhere, "v_scale.size(0)",
+                fmt::format("k_scale.size(0) ({})", layer.k_scale.size(0)), layer.v_scale.size(0));
+    }
+  } else {
+    check_rows(key, "key", device, tokens, p.num_kv_heads, p.head_size, p.dtype);
+    check_rows(value, "value", device, tokens, p.num_kv_heads, p.head_size, p.dtype);
+    for (int r = 0; r < common.num_reqs; ++r) {
+      check_arg(common.seq_len(r) == common.query_len(r), kForwardWhere, fmt::format("seq_lens[{}]", r),
+                fmt::format("query_len ({}) for {} attention", common.query_len(r), attention_type_name(p.attn_type)),
+                common.seq_len(r));
+    }
+  }
+  // Host-side checks only: validate(where, num_blocks) would read the slot
+  // mapping back from the device, which a graph capture forbids.
+  common.validate(kForwardWhere);
+  if (paged) check_block_ids(common, num_blocks);
+  const bool per_head_scales = paged && fp8 && layer.k_scale.size(0) > 1;
+  require_supported(backend_.plan_kernel(make_attention_problem(p, block_size, &common, lse.defined(), per_head_scales)),
+                    backend_.name());
+  if (tokens == 0) return;
+
+  FlashParams k;
+  k.num_heads = p.num_heads;
+  k.num_kv_heads = p.num_kv_heads;
+  k.head_size = p.head_size;
+  k.softmax_scale = p.scale;
+  k.soft_cap = p.logits_soft_cap.value_or(0.0f);
+  k.mask = static_cast<int>(p.attn_type == AttentionType::Decoder && common.causal ? MaskKind::Causal : MaskKind::None);
+  // Cross-attention has no window (DESIGN.md section 5).
+  if (p.sliding_window && p.attn_type != AttentionType::EncoderDecoder) {
+    k.window_kind = static_cast<int>(p.attn_type == AttentionType::Decoder ? WindowKind::Left
+                                                                            : WindowKind::Bidirectional);
+    k.window = *p.sliding_window;
+  }
+  k.alibi_slopes = alibi_.defined() ? static_cast<const float*>(alibi_.data()) : nullptr;
+  k.sinks = sinks_.defined() ? static_cast<const float*>(sinks_.data()) : nullptr;
+
+  k.query = query.data();
+  k.q_row_stride = query.stride(0);
+  k.q_head_stride = query.stride(1);
+  k.output = output.data();
+  k.o_row_stride = output.stride(0);
+  k.o_head_stride = output.stride(1);
+  if (lse.defined()) {
+    k.lse = static_cast<float*>(lse.data());
+    k.lse_head_stride = lse.stride(0);
+    k.lse_token_stride = lse.stride(1);
+  }
+
+  k.dense_kv = !paged;
+  if (paged) {
+    k.key = kv_cache.key.data();
+    k.value = kv_cache.value.data();
+    k.k_block_stride = kv_cache.key.stride(0);
+    k.k_slot_stride = kv_cache.key.stride(1);
+    k.k_head_stride = kv_cache.key.stride(2);
+    k.v_block_stride = kv_cache.value.stride(0);
+    k.v_slot_stride = kv_cache.value.stride(1);
+    k.v_head_stride = kv_cache.value.stride(2);
+    k.block_size = block_size;
+    k.num_blocks = num_blocks;
+    k.kv_dtype = storage;
+    if (fp8) {
+      k.k_scale = static_cast<const float*>(layer.k_scale.data());
+      k.v_scale = static_cast<const float*>(layer.v_scale.data());
+      k.kv_scale_stride = layer.k_scale.size(0) == 1 ? 0 : static_cast<int>(layer.k_scale.stride(0));
+    }
+  } else {
+    k.key = key.data();
+    k.value = value.data();
+    k.k_slot_stride = key.stride(0);
+    k.k_head_stride = key.stride(1);
+    k.v_slot_stride = value.stride(0);
+    k.v_head_stride = value.stride(1);
+    k.kv_dtype = p.dtype;
+  }
+
+  k.header = plan->header;
+  k.items = plan->items;
+  k.combine = plan->combine;
+  k.block_table = plan->block_table;
+  k.partial_out = plan->partial_out;
+  k.partial_lse = plan->partial_lse;
+
+  cuda::DeviceGuard guard(device.index);
+  const auto stream = static_cast<cudaStream_t>(cuda::current_stream());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cuda::check_cuda(cudaStreamIsCapturing(stream, &capture), kForwardWhere);
+  // A captured step is replayed with later plans: keep at least one CTA of
+  // each kernel in the graph (the kernels read the real counts on the device).
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  k.grid_items = std::max(plan->num_items, capturing ? 1 : 0);
+  k.grid_combine = std::max(plan->num_combine, capturing ? 1 : 0);
+
+  // The partial region was sized for kPartialGroupHint query heads per KV
+  // head; a larger group gets a stream-ordered temporary instead.
+  void* temporary = nullptr;
+  if (plan->partial_token_rows > 0 && p.num_heads > plan->partial_heads) {
+    const auto rows = static_cast<std::size_t>(plan->partial_token_rows) * static_cast<std::size_t>(p.num_heads);
+    const std::size_t out_bytes = rows * static_cast<std::size_t>(p.head_size) * sizeof(float);
+    cuda::check_cuda(cudaMallocAsync(&temporary, out_bytes + rows * sizeof(float), stream), kForwardWhere);
+    k.partial_out = static_cast<float*>(temporary);
+    k.partial_lse = reinterpret_cast<float*>(static_cast<char*>(temporary) + out_bytes);
+  }
+  const int status = launch_flash_attention(k, p.dtype, k.grid_combine > 0, stream);
+  if (temporary != nullptr) cuda::check_cuda(cudaFreeAsync(temporary, stream), kForwardWhere);
+  if (status == kLaunchUnsupportedHeadSize || status == kLaunchUnsupportedDType) {
+    throw_unsupported(kForwardWhere, fmt::format("no kernel instantiated for head_size {} and dtype {}", p.head_size,
+                                                 p.dtype));
+  }
+  cuda::check_cuda(status, kForwardWhere);
+}
+
+void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
+                                   const KVCacheView& kv_cache, const TensorView& slot_mapping) {
+  // Shapes are checked here and slots bounded in the kernel, so the update
+  // needs no host copy of the slot mapping (it can be graph-captured).
+  const AttentionImplParams& p = params_;
+  const Device device = p.device;
+  const DType storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
+  check_arg(kv_cache.defined(), kUpdateWhere, "kv_cache", "a bound KV cache", "undefined");
+  for (const auto& [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"}}) {
+    check_rank(*t, kUpdateWhere, name, 3);
+    check_dtype(*t, kUpdateWhere, name, p.dtype);
+    check_device(*t, kUpdateWhere, name, device);
+    check_size(*t, 1, kUpdateWhere, name, p.num_kv_heads);
+    check_size(*t, 2, kUpdateWhere, name, p.head_size);
+    check_last_dim_contiguous(*t, kUpdateWhere, name);
+  }
+  check_cache_half(kv_cache.key, kUpdateWhere, "kv_cache.key", device, storage, p.num_kv_heads, p.head_size);
+  check_cache_half(kv_cache.value, kUpdateWhere, "kv_cache.value", device, storage, p.num_kv_heads, p.head_size);
+  check_rank(slot_mapping, kUpdateWhere, "slot_mapping", 1);
+  check_dtype(slot_mapping, kUpdateWhere, "slot_mapping", DType::I64);
+  check_device(slot_mapping, kUpdateWhere, "slot_mapping", device);
+  check_arg(slot_mapping.size(0) <= key.size(0), kUpdateWhere, "slot_mapping.size(0)",
+            fmt::format("<= key.size(0) ({})", key.size(0)), slot_mapping.size(0));
+  check_arg(value.size(0) == key.size(0), kUpdateWhere, "value.size(0)", key.size(0), value.size(0));
+  if (is_fp8(storage)) {
+    check_kv_scale(layer.k_scale, kUpdateWhere, "k_scale", device, p.num_kv_heads);
+    check_kv_scale(layer.v_scale, kUpdateWhere, "v_scale", device, p.num_kv_heads);
+  }
+  ops_impl(DeviceType::CUDA).reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping,
+                                               layer.k_scale, layer.v_scale);
+}
+
+}  // namespace
+
+std::unique_ptr<AttentionImpl> make_flash_impl(const AttentionImplParams& params, const AttentionBackend& backend) {
+  return std::make_unique<FlashImpl>(params, backend);
+}
+
+}  // namespace pagedattn::cuda_flash

@@ -1,0 +1,104 @@
+#include "flash_planner.h"
+
+#include <algorithm>
+
+namespace pagedattn::cuda_flash {
+namespace {
+
+std::size_t align_up(std::size_t x) {
+  const auto a = static_cast<std::size_t>(kWorkspaceAlign);
+  return (x + a - 1) / a * a;
+}
+
+int ceil_div(std::int64_t a, std::int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms) {
+  const std::int64_t slots = static_cast<std::int64_t>(std::max(num_sms, 1)) * kTargetCtasPerSm;
+  if (base_ctas <= 0 || base_ctas >= slots || kv_len <= kMinKeysPerSplit) return 1;
+  const int by_fill = ceil_div(slots, base_ctas);
+  const int by_keys = ceil_div(kv_len, kMinKeysPerSplit);
+  return std::clamp(std::min(by_fill, by_keys), 1, kMaxSplits);
+}
+
+StepPlan plan_step(const PlanInputs& in) {
+  StepPlan plan;
+  const auto num_reqs = static_cast<int>(in.seq_lens.size());
+  struct Tile {
+    int req, token_begin, num_tokens, position_begin, kv_len, mode;
+  };
+  std::vector<Tile> tiles;
+  for (int r = 0; r < num_reqs; ++r) {
+    const int q_begin = in.query_start_loc[static_cast<std::size_t>(r)];
+    const int q_len = in.query_start_loc[static_cast<std::size_t>(r) + 1] - q_begin;
+    const int seq_len = in.seq_lens[static_cast<std::size_t>(r)];
+    if (q_len <= 0) continue;
+    const int context = seq_len - q_len;
+    if (q_len <= kDecodeMaxTokens) {
+      tiles.push_back({r, q_begin, q_len, context, seq_len, static_cast<int>(TileMode::Decode)});
+      continue;
+    }
+    for (int t = 0; t < q_len; t += kPrefillTokens) {
+      const int n = std::min(kPrefillTokens, q_len - t);
+      tiles.push_back({r, q_begin + t, n, context + t, seq_len, static_cast<int>(TileMode::Prefill)});
+    }
+  }
+  const std::int64_t base_ctas = static_cast<std::int64_t>(tiles.size()) * std::max(in.num_kv_heads, 1);
+
+  for (const Tile& t : tiles) {
+    const int kv_len = std::max(t.kv_len, 0);
+    int splits = choose_num_splits(base_ctas, kv_len, in.num_sms);
+    // Tile-aligned chunks; the last split may be shorter.
+    const int chunk = splits > 1 ? ceil_div(ceil_div(kv_len, splits), kBlockN) * kBlockN : kv_len;
+    if (splits > 1) splits = ceil_div(kv_len, chunk);
+    WorkItem w;
+    w.req = t.req;
+    w.token_begin = t.token_begin;
+    w.num_tokens = t.num_tokens;
+    w.position_begin = t.position_begin;
+    w.mode = t.mode;
+    // Dense K/V (encoder) rows of request r start at its first query row.
+    w.kv_row_begin = in.query_start_loc[static_cast<std::size_t>(t.req)];
+    w.num_splits = splits;
+    if (splits == 1) {
+      w.kv_begin = 0;
+      w.kv_end = kv_len;
+      plan.items.push_back(w);
+      continue;
+    }
+    w.partial_index = static_cast<std::int32_t>(plan.partial_token_rows);
+    for (int s = 0; s < splits; ++s) {
+      w.split = s;
+      w.kv_begin = s * chunk;
+      w.kv_end = std::min(kv_len, (s + 1) * chunk);
+      plan.items.push_back(w);
+    }
+    plan.combine.push_back({t.token_begin, t.num_tokens, splits, w.partial_index});
+    plan.partial_token_rows += static_cast<std::int64_t>(splits) * t.num_tokens;
+  }
+  // Heaviest first: the hardware hands out CTAs in index order, so this is a
+  // longest-processing-time schedule.
+  std::stable_sort(plan.items.begin(), plan.items.end(), [](const WorkItem& a, const WorkItem& b) {
+    return static_cast<std::int64_t>(a.num_tokens) * (a.kv_end - a.kv_begin) >
+           static_cast<std::int64_t>(b.num_tokens) * (b.kv_end - b.kv_begin);
+  });
+  return plan;
+}
+
+WorkspaceLayout workspace_layout(std::size_t num_items, std::size_t num_combine, std::size_t block_table_elems,
+                                 std::int64_t partial_token_rows, int partial_heads, int head_size) {
+  WorkspaceLayout l;
+  l.items = align_up(sizeof(PlanHeader));
+  l.combine = l.items + align_up(num_items * sizeof(WorkItem));
+  l.block_table = l.combine + align_up(num_combine * sizeof(CombineItem));
+  l.upload_bytes = l.block_table + block_table_elems * sizeof(std::int32_t);
+  const auto rows = static_cast<std::size_t>(std::max<std::int64_t>(partial_token_rows, 0)) *
+                    static_cast<std::size_t>(std::max(partial_heads, 0));
+  l.partial_out = align_up(l.upload_bytes);
+  l.partial_lse = l.partial_out + align_up(rows * static_cast<std::size_t>(head_size) * sizeof(float));
+  l.total_bytes = l.partial_lse + align_up(rows * sizeof(float));
+  return l;
+}
+
+}  // namespace pagedattn::cuda_flash

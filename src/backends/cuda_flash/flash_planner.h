@@ -1,0 +1,63 @@
+// The host half of CUDA_FLASH's plan: turns one step's batch (host copies of
+// the metadata) into the work list the kernel walks, choosing split-KV
+// (flash-decoding) from the batch shape and the multiprocessor count. Pure
+// host code: tested without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kernels/flash_params.h"
+
+namespace pagedattn::cuda_flash {
+
+// Requests with at most this many query tokens run as decode items (the 4
+// warps split the keys); longer ones as prefill items of kPrefillTokens.
+inline constexpr int kDecodeMaxTokens = 4;
+// Query tokens per prefill item: 64 packed rows for MHA; with G query heads
+// per KV head the CTA makes G passes of 64 rows (any G is correct).
+inline constexpr int kPrefillTokens = 64;
+// Splits are at least this many keys, and at most kMaxSplits per item.
+inline constexpr int kMinKeysPerSplit = 256;
+inline constexpr int kMaxSplits = 64;
+// Resident CTAs per multiprocessor the split heuristic aims to fill.
+inline constexpr int kTargetCtasPerSm = 2;
+
+struct PlanInputs {
+  std::span<const std::int32_t> query_start_loc;  // [B + 1]
+  std::span<const std::int32_t> seq_lens;         // [B]
+  int num_kv_heads = 0;
+  int num_sms = 0;
+};
+
+struct StepPlan {
+  std::vector<WorkItem> items;       // heaviest first
+  std::vector<CombineItem> combine;  // one per split group
+  std::int64_t partial_token_rows = 0;
+};
+
+StepPlan plan_step(const PlanInputs& in);
+
+// Split count of an item over `kv_len` keys when the batch has `base_ctas`
+// CTAs without splitting, on `num_sms` multiprocessors.
+int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms);
+
+// Byte offsets of the workspace regions (header, items, combine, block table,
+// partial outputs, partial LSEs), each aligned to kWorkspaceAlign.
+struct WorkspaceLayout {
+  std::size_t items = 0;
+  std::size_t combine = 0;
+  std::size_t block_table = 0;
+  std::size_t upload_bytes = 0;  // everything above: the one host-to-device copy
+  std::size_t partial_out = 0;
+  std::size_t partial_lse = 0;
+  std::size_t total_bytes = 0;
+};
+
+// `partial_heads`: query heads the partial region is sized for.
+WorkspaceLayout workspace_layout(std::size_t num_items, std::size_t num_combine, std::size_t block_table_elems,
+                                 std::int64_t partial_token_rows, int partial_heads, int head_size);
+
+}  // namespace pagedattn::cuda_flash

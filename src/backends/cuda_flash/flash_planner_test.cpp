@@ -1,0 +1,131 @@
+// The host planner of CUDA_FLASH (no GPU needed): item tiling, the split-KV
+// choice, key coverage of every split group and the workspace layout.
+#include "flash_planner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+#include <vector>
+
+namespace pagedattn::cuda_flash {
+namespace {
+
+constexpr int kH200Sms = 132;
+
+struct Batch {
+  std::vector<std::int32_t> query_start_loc{0};
+  std::vector<std::int32_t> seq_lens;
+  Batch& add(int q_len, int seq_len, int count = 1) {
+    for (int i = 0; i < count; ++i) {
+      query_start_loc.push_back(query_start_loc.back() + q_len);
+      seq_lens.push_back(seq_len);
+    }
+    return *this;
+  }
+};
+
+StepPlan plan(const Batch& b, int num_kv_heads = 8, int num_sms = kH200Sms) {
+  return plan_step({b.query_start_loc, b.seq_lens, num_kv_heads, num_sms});
+}
+
+// Every (request, token range) is covered by splits that tile [0, seq_len) exactly once.
+void expect_exact_cover(const StepPlan& p, const Batch& b) {
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> ranges;  // (req, token) -> [kv)
+  for (const WorkItem& w : p.items) ranges[{w.req, w.token_begin}].push_back({w.kv_begin, w.kv_end});
+  for (auto& [key, r] : ranges) {
+    std::sort(r.begin(), r.end());
+    EXPECT_EQ(r.front().first, 0);
+    for (std::size_t i = 1; i < r.size(); ++i) EXPECT_EQ(r[i].first, r[i - 1].second);
+    EXPECT_EQ(r.back().second, b.seq_lens[static_cast<std::size_t>(key.first)]);
+  }
+  std::int64_t tokens = 0;
+  for (const auto& [key, r] : ranges) {
+    const auto it = std::find_if(p.items.begin(), p.items.end(), [&](const WorkItem& w) {
+      return w.req == key.first && w.token_begin == key.second;
+    });
+    tokens += it->num_tokens;
+  }
+  EXPECT_EQ(tokens, b.query_start_loc.back());
+}
+
+TEST(FlashPlannerTest, FullMachineDecodeIsNotSplit) {
+  const Batch b = Batch().add(1, 4096, 64);  // 64q1s4k: 512 CTAs >= 2 per SM
+  const StepPlan p = plan(b);
+  EXPECT_EQ(p.items.size(), 64u);
+  EXPECT_TRUE(p.combine.empty());
+  EXPECT_EQ(p.partial_token_rows, 0);
+  for (const WorkItem& w : p.items) {
+    EXPECT_EQ(w.mode, static_cast<int>(TileMode::Decode));
+    EXPECT_EQ(w.num_splits, 1);
+  }
+  expect_exact_cover(p, b);
+}
+
+TEST(FlashPlannerTest, FewLongDecodesAreSplitToFillTheMachine) {
+  const Batch b = Batch().add(1, 32768, 8);  // 8q1s32k: 64 CTAs unsplit
+  const StepPlan p = plan(b);
+  ASSERT_EQ(p.combine.size(), 8u);
+  const int splits = p.combine.front().num_splits;
+  EXPECT_EQ(splits, choose_num_splits(64, 32768, kH200Sms));
+  EXPECT_GE(static_cast<std::int64_t>(p.items.size()) * 8, kH200Sms * kTargetCtasPerSm);
+  EXPECT_EQ(p.partial_token_rows, 8 * splits);
+  for (const WorkItem& w : p.items) EXPECT_EQ(w.kv_begin % kBlockN, 0);
+  expect_exact_cover(p, b);
+}
+
+TEST(FlashPlannerTest, SplitsKeepAMinimumLength) {
+  EXPECT_EQ(choose_num_splits(8, 8192, kH200Sms), 8192 / kMinKeysPerSplit);
+  EXPECT_EQ(choose_num_splits(8, kMinKeysPerSplit, kH200Sms), 1);
+  EXPECT_EQ(choose_num_splits(1, 1 << 20, kH200Sms), kMaxSplits);
+  EXPECT_EQ(choose_num_splits(kH200Sms * kTargetCtasPerSm, 1 << 20, kH200Sms), 1);
+}
+
+TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {
+  const Batch b = Batch().add(2048, 4096).add(1, 4096, 63);  // q2k_63q1s4k
+  const StepPlan p = plan(b);
+  int prefill = 0;
+  int decode = 0;
+  for (const WorkItem& w : p.items) {
+    if (w.mode == static_cast<int>(TileMode::Prefill)) {
+      ++prefill;
+      EXPECT_EQ(w.num_tokens, kPrefillTokens);
+      EXPECT_EQ(w.position_begin, 2048 + (w.token_begin - 0));
+    } else {
+      ++decode;
+      EXPECT_EQ(w.position_begin, 4095);
+    }
+  }
+  EXPECT_EQ(prefill, 2048 / kPrefillTokens);
+  EXPECT_EQ(decode, 63);
+  // Heaviest first.
+  for (std::size_t i = 1; i < p.items.size(); ++i) {
+    EXPECT_GE(static_cast<std::int64_t>(p.items[i - 1].num_tokens) * (p.items[i - 1].kv_end - p.items[i - 1].kv_begin),
+              static_cast<std::int64_t>(p.items[i].num_tokens) * (p.items[i].kv_end - p.items[i].kv_begin));
+  }
+  expect_exact_cover(p, b);
+}
+
+TEST(FlashPlannerTest, EmptyRequestsAndShortTails) {
+  const Batch b = Batch().add(0, 10).add(70, 70).add(3, 5);
+  const StepPlan p = plan(b, 2, 4);
+  expect_exact_cover(p, b);
+  for (const WorkItem& w : p.items) EXPECT_NE(w.req, 0);
+  for (const WorkItem& w : p.items) EXPECT_EQ(w.kv_row_begin, b.query_start_loc[static_cast<std::size_t>(w.req)]);
+}
+
+TEST(FlashPlannerTest, WorkspaceLayoutIsAlignedAndOrdered) {
+  const WorkspaceLayout l = workspace_layout(10, 3, 77, 5, 16, 128);
+  for (const std::size_t off : {l.items, l.combine, l.block_table, l.partial_out, l.partial_lse}) {
+    EXPECT_EQ(off % kWorkspaceAlign, 0u);
+  }
+  EXPECT_GE(l.combine, l.items + 10 * sizeof(WorkItem));
+  EXPECT_GE(l.block_table, l.combine + 3 * sizeof(CombineItem));
+  EXPECT_EQ(l.upload_bytes, l.block_table + 77 * sizeof(std::int32_t));
+  EXPECT_GE(l.partial_lse, l.partial_out + 5 * 16 * 128 * sizeof(float));
+  EXPECT_GE(l.total_bytes, l.partial_lse + 5 * 16 * sizeof(float));
+}
+
+}  // namespace
+}  // namespace pagedattn::cuda_flash

@@ -1,0 +1,541 @@
+// The CUDA_FLASH attention kernel: FlashAttention-2 style online softmax on
+// tensor cores over a paged KV cache, for a mixed batch in one launch.
+//
+// A CTA (4 warps) takes work items from the uploaded work list; its KV head is
+// blockIdx.y. All query heads of that KV head are packed into the rows of one
+// MMA tile (row = token * group + head_in_group), so each K/V tile is read
+// once per group. Prefill items give each warp 16 rows; decode items give all
+// warps the same 16 rows and split every key tile between the warps, whose
+// partial softmax states are merged in shared memory at the end. Items of a
+// split group write normalized partial outputs plus their LSE, merged by
+// combine_kernel.
+#pragma once
+
+#include <math_constants.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "flash_params.h"
+#include "flash_primitives.cuh"
+
+namespace pagedattn::cuda_flash::detail {
+
+inline constexpr int kSmemPad = 8;  // elements per row: ldmatrix rows land on distinct banks
+inline constexpr int kMmaRows = 16;
+inline constexpr int kChunkElems = 8;  // 16-byte chunk of 16-bit elements
+
+template <int kHeadClass>
+struct Shape {
+  static constexpr int kD = kHeadClass;
+  static constexpr int kStride = kD + kSmemPad;
+  // Double-buffer K/V tiles when both stages fit beside the other CTA of the SM.
+  static constexpr int kStages = kD <= 128 ? 2 : 1;
+  static constexpr int kDTiles = kD / 8;
+  static constexpr int kChunks = kD / kChunkElems;
+  static constexpr int kQElems = kPrefillRows * kStride;
+  static constexpr int kTileElems = kBlockN * kStride;  // one K or V tile
+  static constexpr int kQBytes = kQElems * 2;
+  static constexpr int kKVBytes = kStages * 2 * kTileElems * 2;
+  static constexpr int kStageBytes = kWarps * kMmaRows * kD * 4;  // fp32 O per warp
+  static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
+  static constexpr int kMLBytes = kWarps * kMmaRows * 2 * 4;
+  static constexpr int kSmemBytes = kQBytes + kBodyBytes + kMLBytes;
+  // Each thread copies one fixed 8-element column (tid % kChunks) of
+  // kKeysPerThread keys of a tile, kKeyStep apart.
+  static constexpr int kKeysPerThread = kBlockN * kChunks / kThreads;
+  static constexpr int kKeyStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0, "a thread's column must not change between its keys");
+};
+
+struct SmemPtrs {
+  void* q;
+  void* kv;
+  float* stage;
+  float* ml;
+};
+
+struct PassRange {
+  int kv_lo;
+  int kv_hi;
+};
+
+__device__ __forceinline__ PassRange pass_range(const FlashParams& p, const WorkItem& item, int group, int row0,
+                                                int rows) {
+  const int p_lo = item.position_begin + row0 / group;
+  const int p_hi = item.position_begin + (row0 + rows - 1) / group;
+  int lo = item.kv_begin;
+  int hi = item.kv_end;
+  if (p.mask == static_cast<int>(MaskKind::Causal)) hi = min(hi, p_hi + 1);
+  if (p.window_kind != static_cast<int>(WindowKind::None)) {
+    lo = max(lo, p_lo - p.window + 1);
+    hi = min(hi, p.window_kind == static_cast<int>(WindowKind::Left) ? p_hi + 1 : p_hi + p.window);
+  }
+  return {lo, hi};
+}
+
+// Element offset of key j's row (head `kv_head`, chunk `ch`) in K or V, given
+// the block id loaded ahead for it (ignored for dense K/V).
+__device__ __forceinline__ std::int64_t kv_offset(const FlashParams& p, const WorkItem& item, std::int32_t block,
+                                                  int kv_head, int j, int ch, std::int64_t block_stride,
+                                                  std::int64_t slot_stride, std::int64_t head_stride) {
+  if (p.dense_kv) {
+    return static_cast<std::int64_t>(item.kv_row_begin + j) * slot_stride + kv_head * head_stride + ch * kChunkElems;
+  }
+  return block * block_stride + static_cast<std::int64_t>(j % p.block_size) * slot_stride + kv_head * head_stride +
+         ch * kChunkElems;
+}
+
+// One pass: up to kRows packed query rows of an item against its key range.
+template <int kHC, typename T, bool kDecode>
+__device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride, int row0,
+                         int rows, const SmemPtrs& sm) {
+  using S = Shape<kHC>;
+  constexpr int kRows = kDecode ? kDecodeRows : kPrefillRows;
+  constexpr int kWarpKeys = kDecode ? kBlockN / kWarps : kBlockN;
+  constexpr int kNT = kWarpKeys / 8;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int head_size = p.head_size;
+  const bool fp8 = is_fp8(p.kv_dtype);
+  const auto fp8_kind = p.kv_dtype == DType::FP8_E5M2 ? __NV_E5M2 : __NV_E4M3;
+  T* q_s = static_cast<T*>(sm.q);
+  T* kv_s = static_cast<T*>(sm.kv);
+
+  __syncthreads();  // the previous pass has finished with shared memory
+
+  // ---- query rows -> shared memory (one cp.async group) ----
+  for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
+    const int r = c / S::kChunks;
+    const int ch = c % S::kChunks;
+    const bool valid = r < rows && ch * kChunkElems < head_size;
+    const int row = row0 + r;
+    const std::int64_t token = item.token_begin + row / group;
+    const int head = kv_head * group + row % group;
+    const T* src = static_cast<const T*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
+    cp_async_16(q_s + r * S::kStride + ch * kChunkElems, valid ? src : p.query, valid);
+  }
+  cp_async_commit();
+
+  const PassRange range = pass_range(p, item, group, row0, rows);
+  const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - range.kv_lo + kBlockN - 1) / kBlockN : 0;
+
+  // ---- this thread's two rows (g and g + 8 of the warp's 16) ----
+  const int row_base = kDecode ? 0 : warp * kMmaRows;
+  const bool warp_active = row_base < rows;
+  const int g = lane / 4;
+  const int tig = lane % 4;
+  int pos[2];
+  float slope[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + row_base + g + 8 * i;
+    pos[i] = item.position_begin + row / group;
+    const int head = kv_head * group + row % group;
+    slope[i] = (p.alibi_slopes != nullptr && row_base + g + 8 * i < rows) ? p.alibi_slopes[head] : 0.0f;
+  }
+  const float k_scale = fp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  const float qk_scale = p.softmax_scale * k_scale;
+
+  float o[S::kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < S::kDTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  float l[2] = {0.0f, 0.0f};
+
+  const char* k_bytes = static_cast<const char*>(p.key);
+  const char* v_bytes = static_cast<const char*>(p.value);
+  const std::size_t kv_elem = fp8 ? 1 : 2;
+
+  // Block ids of this thread's keys in the next tile to load, fetched one
+  // iteration ahead so their latency hides behind the current tile (-1 = do
+  // not read: past the range, or an out-of-range block).
+  const int my_ch = tid % S::kChunks;
+  const int my_key = tid / S::kChunks;
+  const bool my_col = my_ch * kChunkElems < head_size;
+  std::int32_t ids[S::kKeysPerThread];
+  const auto load_ids = [&](int t) {
+    const int k0 = range.kv_lo + t * kBlockN;
+#pragma unroll
+    for (int i = 0; i < S::kKeysPerThread; ++i) {
+      const int j = k0 + my_key + i * S::kKeyStep;
+      std::int32_t id = -1;
+      if (j < range.kv_hi) {
+        id = p.dense_kv ? 0 : p.block_table[static_cast<std::int64_t>(item.req) * bt_stride + j / p.block_size];
+        if (id >= p.num_blocks && !p.dense_kv) id = -1;
+      }
+      ids[i] = id;
+    }
+  };
+
+  const auto issue_tile = [&](int t, int buf) {
+    T* k_dst = kv_s + buf * 2 * S::kTileElems;
+    T* v_dst = k_dst + S::kTileElems;
+    const int k0 = range.kv_lo + t * kBlockN;
+#pragma unroll
+    for (int i = 0; i < S::kKeysPerThread; ++i) {
+      const int key = my_key + i * S::kKeyStep;
+      const int j = k0 + key;
+      const bool valid = my_col && ids[i] >= 0;
+      const std::int64_t ko =
+          valid ? kv_offset(p, item, ids[i], kv_head, j, my_ch, p.k_block_stride, p.k_slot_stride, p.k_head_stride) : 0;
+      const std::int64_t vo =
+          valid ? kv_offset(p, item, ids[i], kv_head, j, my_ch, p.v_block_stride, p.v_slot_stride, p.v_head_stride) : 0;
+      cp_async_16(k_dst + key * S::kStride + my_ch * kChunkElems, k_bytes + ko * 2, valid);
+      cp_async_16(v_dst + key * S::kStride + my_ch * kChunkElems, v_bytes + vo * 2, valid);
+    }
+  };
+
+  uint2 k_regs[S::kKeysPerThread];
+  uint2 v_regs[S::kKeysPerThread];
+  const auto fetch_fp8 = [&](int t) {
+    const int k0 = range.kv_lo + t * kBlockN;
+#pragma unroll
+    for (int i = 0; i < S::kKeysPerThread; ++i) {
+      const int j = k0 + my_key + i * S::kKeyStep;
+      k_regs[i] = make_uint2(0u, 0u);
+      v_regs[i] = make_uint2(0u, 0u);
+      if (my_col && ids[i] >= 0) {
+        const std::int64_t ko =
+            kv_offset(p, item, ids[i], kv_head, j, my_ch, p.k_block_stride, p.k_slot_stride, p.k_head_stride);
+        const std::int64_t vo =
+            kv_offset(p, item, ids[i], kv_head, j, my_ch, p.v_block_stride, p.v_slot_stride, p.v_head_stride);
+        k_regs[i] = __ldg(reinterpret_cast<const uint2*>(k_bytes + ko * kv_elem));
+        v_regs[i] = __ldg(reinterpret_cast<const uint2*>(v_bytes + vo * kv_elem));
+      }
+    }
+  };
+  const auto commit_fp8 = [&](int buf) {
+    T* k_dst = kv_s + buf * 2 * S::kTileElems;
+    T* v_dst = k_dst + S::kTileElems;
+#pragma unroll
+    for (int i = 0; i < S::kKeysPerThread; ++i) {
+      const int off = (my_key + i * S::kKeyStep) * S::kStride + my_ch * kChunkElems;
+      *reinterpret_cast<uint4*>(k_dst + off) = fp8x8_convert<T>(k_regs[i], fp8_kind);
+      *reinterpret_cast<uint4*>(v_dst + off) = fp8x8_convert<T>(v_regs[i], fp8_kind);
+    }
+  };
+  // Starts loading tile t into `buf` (cp.async, or fp8 into registers). With
+  // two stages the block ids of tile t + 1 are loaded right after, to land
+  // while tile t is computed; the one-stage (largest head) class has no
+  // registers to spare across the compute and loads them just before use.
+  const auto start_tile = [&](int t, int buf) {
+    if (S::kStages == 1) load_ids(t);
+    if (fp8) {
+      fetch_fp8(t);
+    } else {
+      issue_tile(t, buf);
+      cp_async_commit();
+    }
+    if (S::kStages == 2 && t + 1 < num_tiles) load_ids(t + 1);
+  };
+
+  const auto compute_tile = [&](int t, int buf) {
+    if (!warp_active) return;
+    const T* k_s = kv_s + buf * 2 * S::kTileElems;
+    const T* v_s = k_s + S::kTileElems;
+    const int key_base = kDecode ? warp * kWarpKeys : 0;
+    const int k0 = range.kv_lo + t * kBlockN + key_base;
+    float s[kNT][4];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    const int d16 = (head_size + 15) / 16;
+#pragma unroll
+    for (int kk = 0; kk < kHC / 16; ++kk) {
+      if (kk < d16) {
+        std::uint32_t a[4];
+        ldsm_x4(a, q_s + (row_base + (lane & 15)) * S::kStride + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nt = 0; nt < kNT; nt += 2) {
+          std::uint32_t b[4];
+          ldsm_x4(b, k_s + (key_base + nt * 8 + (lane & 7) + ((lane >> 4) << 3)) * S::kStride + kk * 16 +
+                         ((lane >> 3) & 1) * 8);
+          Elem<T>::mma(s[nt], a, b[0], b[1]);
+          Elem<T>::mma(s[nt + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    // Scale, soft cap, ALiBi, masks; then the online softmax in the log2 domain.
+    float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int i = c >> 1;
+        const int j = k0 + nt * 8 + 2 * tig + (c & 1);
+        float x = s[nt][c] * qk_scale;
+        if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+        x += slope[i] * static_cast<float>(j - pos[i]);
+        bool visible = j < range.kv_hi;
+        if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= pos[i];
+        if (p.window_kind == static_cast<int>(WindowKind::Left)) {
+          visible = visible && j > pos[i] - p.window && j <= pos[i];
+        } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
+          visible = visible && j > pos[i] - p.window && j < pos[i] + p.window;
+        }
+        s[nt][c] = visible ? x * kLog2e : -CUDART_INF_F;
+        tile_max[i] = fmaxf(tile_max[i], s[nt][c]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float m_new = fmaxf(m[i], tile_max[i]);
+      const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;  // all masked so far: avoid inf - inf
+      const float alpha = exp2f(m[i] - m_use);
+      m[i] = m_new;
+      l[i] *= alpha;
+#pragma unroll
+      for (int dt = 0; dt < S::kDTiles; ++dt) {
+        o[dt][2 * i] *= alpha;
+        o[dt][2 * i + 1] *= alpha;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
+        s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
+        l[i] += s[nt][2 * i] + s[nt][2 * i + 1];
+      }
+    }
+    // O += P V: the score accumulators of two adjacent n-tiles form one A operand.
+#pragma unroll
+    for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
+      std::uint32_t a[4];
+      a[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < S::kDTiles; dt += 2) {
+        if (dt * 8 < head_size) {
+          std::uint32_t b[4];
+          ldsm_x4_trans(b, v_s + (key_base + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride + dt * 8 +
+                               (lane >> 4) * 8);
+          Elem<T>::mma(o[dt], a, b[0], b[1]);
+          Elem<T>::mma(o[dt + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  };
+
+  // ---- the key loop: tile t + 1 in flight while tile t is computed ----
+  if (num_tiles > 0) {
+    if (S::kStages == 2) load_ids(0);
+    start_tile(0, 0);
+    if (fp8) commit_fp8(0);
+  }
+  for (int t = 0; t < num_tiles; ++t) {
+    const int buf = S::kStages == 2 ? (t & 1) : 0;
+    const bool prefetch = S::kStages == 2 && t + 1 < num_tiles;
+    if (prefetch) start_tile(t + 1, buf ^ 1);
+    if (prefetch && !fp8) {
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    compute_tile(t, buf);
+    __syncthreads();
+    if (prefetch && fp8) commit_fp8(buf ^ 1);
+    if (S::kStages == 1 && t + 1 < num_tiles) {
+      start_tile(t + 1, 0);
+      if (fp8) commit_fp8(0);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- stage each warp's (m, l, O) in shared memory (aliases the K/V tiles) ----
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  if (warp_active) {
+    float* stage = sm.stage + warp * kMmaRows * kHC;
+#pragma unroll
+    for (int dt = 0; dt < S::kDTiles; ++dt) {
+      const int d = dt * 8 + 2 * tig;
+      *reinterpret_cast<float2*>(stage + g * kHC + d) = make_float2(o[dt][0], o[dt][1]);
+      *reinterpret_cast<float2*>(stage + (g + 8) * kHC + d) = make_float2(o[dt][2], o[dt][3]);
+    }
+    if (tig == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        sm.ml[(warp * kMmaRows + g + 8 * i) * 2] = m[i];
+        sm.ml[(warp * kMmaRows + g + 8 * i) * 2 + 1] = l[i];
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- finalize: one 8-element chunk of one row per thread iteration ----
+  const int chunks = head_size / kChunkElems;
+  const float v_scale = fp8 ? p.v_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  for (int u = tid; u < rows * chunks; u += kThreads) {
+    const int r = u / chunks;
+    const int ch = u % chunks;
+    float acc[8] = {};
+    float m_tot = -CUDART_INF_F;
+    float l_tot = 0.0f;
+    if (kDecode) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) m_tot = fmaxf(m_tot, sm.ml[(w * kMmaRows + r) * 2]);
+      if (m_tot != -CUDART_INF_F) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float f = exp2f(sm.ml[(w * kMmaRows + r) * 2] - m_tot);
+          l_tot += f * sm.ml[(w * kMmaRows + r) * 2 + 1];
+          const float* src = sm.stage + (w * kMmaRows + r) * kHC + ch * kChunkElems;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += f * src[e];
+        }
+      }
+    } else {
+      m_tot = sm.ml[r * 2];
+      l_tot = sm.ml[r * 2 + 1];
+      const float* src = sm.stage + r * kHC + ch * kChunkElems;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = src[e];
+    }
+    const int row = row0 + r;
+    const int token_rel = row / group;
+    const int head = kv_head * group + row % group;
+    const bool empty = m_tot == -CUDART_INF_F;
+    if (item.num_splits > 1) {
+      const std::int64_t prow =
+          static_cast<std::int64_t>(item.partial_index + item.split * item.num_tokens + token_rel) * p.num_heads + head;
+      const float f = empty ? 0.0f : v_scale / l_tot;
+      float* dst = p.partial_out + prow * head_size + ch * kChunkElems;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = acc[e] * f;
+      if (ch == 0) p.partial_lse[prow] = empty ? -CUDART_INF_F : (m_tot + log2f(l_tot)) * kLn2;
+      continue;
+    }
+    float f = 0.0f;
+    float lse = -CUDART_INF_F;
+    if (!empty) {
+      float mm = m_tot;
+      float den = l_tot;
+      if (p.sinks != nullptr) {
+        const float sink = p.sinks[head] * kLog2e;
+        mm = fmaxf(m_tot, sink);
+        den = l_tot * exp2f(m_tot - mm) + exp2f(sink - mm);
+      }
+      f = exp2f(m_tot - mm) * v_scale / den;
+      lse = (mm + log2f(den)) * kLn2;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= f;
+    const std::int64_t token = item.token_begin + token_rel;
+    store8<T>(static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems, acc);
+    if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
+  }
+}
+
+template <int kHC, typename T>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const FlashParams p) {
+  using S = Shape<kHC>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const SmemPtrs sm{smem, smem + S::kQBytes, reinterpret_cast<float*>(smem + S::kQBytes),
+                    reinterpret_cast<float*>(smem + S::kQBytes + S::kBodyBytes)};
+  const PlanHeader header = *p.header;
+  const int kv_head = static_cast<int>(blockIdx.y);
+  const int group = p.num_heads / p.num_kv_heads;
+  for (int w = static_cast<int>(blockIdx.x); w < header.num_items; w += static_cast<int>(gridDim.x)) {
+    const WorkItem item = p.items[w];
+    const int rows_total = item.num_tokens * group;
+    if (item.mode == static_cast<int>(TileMode::Decode)) {
+      for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
+        run_pass<kHC, T, true>(p, item, kv_head, group, header.block_table_stride, row0,
+                               min(kDecodeRows, rows_total - row0), sm);
+      }
+    } else {
+      for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) {
+        run_pass<kHC, T, false>(p, item, kv_head, group, header.block_table_stride, row0,
+                                min(kPrefillRows, rows_total - row0), sm);
+      }
+    }
+  }
+}
+
+// Merges split groups by LSE (natural log); the sink, if any, joins here once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) {
+  const PlanHeader header = *p.header;
+  const int kv_head = static_cast<int>(blockIdx.y);
+  const int group = p.num_heads / p.num_kv_heads;
+  const int chunks = p.head_size / kChunkElems;
+  for (int ci = static_cast<int>(blockIdx.x); ci < header.num_combine; ci += static_cast<int>(gridDim.x)) {
+    const CombineItem item = p.combine[ci];
+    const int rows = item.num_tokens * group;
+    for (int u = static_cast<int>(threadIdx.x); u < rows * chunks; u += kThreads) {
+      const int r = u / chunks;
+      const int ch = u % chunks;
+      const int token_rel = r / group;
+      const int head = kv_head * group + r % group;
+      const auto prow = [&](int s) {
+        return static_cast<std::int64_t>(item.partial_index + s * item.num_tokens + token_rel) * p.num_heads + head;
+      };
+      float m_keys = -CUDART_INF_F;
+      for (int s = 0; s < item.num_splits; ++s) m_keys = fmaxf(m_keys, p.partial_lse[prow(s)]);
+      float acc[8] = {};
+      float lse = -CUDART_INF_F;
+      if (m_keys != -CUDART_INF_F) {
+        float mm = m_keys;
+        float den = 0.0f;
+        if (p.sinks != nullptr) {
+          mm = fmaxf(mm, p.sinks[head]);
+          den = expf(p.sinks[head] - mm);
+        }
+        for (int s = 0; s < item.num_splits; ++s) {
+          const float w = expf(p.partial_lse[prow(s)] - mm);
+          den += w;
+          const float* src = p.partial_out + prow(s) * p.head_size + ch * kChunkElems;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += w * src[e];
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] /= den;
+        lse = mm + logf(den);
+      }
+      const std::int64_t token = item.token_begin + token_rel;
+      store8<T>(static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems, acc);
+      if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
+    }
+  }
+}
+
+// Launches the attention kernel of one head-size class and dtype, then the
+// combine kernel when asked.
+template <int kHC, typename T>
+int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream) {
+  constexpr int kSmem = Shape<kHC>::kSmemBytes;
+  if (p.grid_items > 0) {
+    // The shared-memory opt-in, once per device (a host call per launch costs
+    // more than a decode step's kernel).
+    static std::atomic<std::uint64_t> configured{0};
+    int device = 0;
+    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
+    const std::uint64_t bit = std::uint64_t{1} << (device % 64);
+    if ((configured.load() & bit) == 0) {
+      const cudaError_t attr =
+          cudaFuncSetAttribute(attention_kernel<kHC, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (attr != cudaSuccess) return static_cast<int>(attr);
+      configured.fetch_or(bit);
+    }
+    attention_kernel<kHC, T><<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)),
+                               kThreads, kSmem, stream>>>(p);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+  }
+  if (launch_combine && p.grid_combine > 0) {
+    combine_kernel<T><<<dim3(static_cast<unsigned>(p.grid_combine), static_cast<unsigned>(p.num_kv_heads)), kThreads,
+                        0, stream>>>(p);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+  }
+  return kLaunchOk;
+}
+
+}  // namespace pagedattn::cuda_flash::detail

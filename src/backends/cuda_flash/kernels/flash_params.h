@@ -1,0 +1,143 @@
+// Kernel ABI of CUDA_FLASH: POD params, the per-step work list the metadata
+// builder uploads, and the host-callable launchers. Raw pointers only; no core
+// headers (DESIGN.md section 2). The backend validates every argument before
+// filling these structs.
+#pragma once
+
+#include <pagedattn/scalar.h>
+
+#include <cstdint>
+
+namespace pagedattn::cuda_flash {
+
+// ---- tiling (shared by the planner and the kernels) -------------------------
+inline constexpr int kThreads = 128;        // 4 warps per CTA
+inline constexpr int kWarps = kThreads / 32;
+inline constexpr int kBlockN = 64;          // keys per shared-memory tile
+inline constexpr int kPrefillRows = 64;     // packed (token, head) rows per pass: 16 per warp
+inline constexpr int kDecodeRows = 16;      // one 16-row MMA tile; the 4 warps split the keys
+inline constexpr int kMaxHeadSize = 256;
+inline constexpr int kHeadSizeAlign = 8;    // 16-byte vector loads of 16-bit elements
+
+// How a work item's warps divide a pass.
+enum class TileMode : std::int32_t {
+  Prefill = 0,  // warp w owns rows [16w, 16w + 16) and every key of a tile
+  Decode = 1,   // every warp owns rows [0, 16) and keys [16w, 16w + 16) of a tile
+};
+
+enum class MaskKind : std::int32_t {
+  None = 0,    // all keys in [kv_begin, kv_end)
+  Causal = 1,  // j <= p
+};
+
+enum class WindowKind : std::int32_t {
+  None = 0,
+  Left = 1,           // p - W < j <= p (decoder)
+  Bidirectional = 2,  // |p - j| <= W - 1 (encoder)
+};
+
+// One CTA's work: query tokens [token_begin, token_begin + num_tokens) of one
+// request (all query heads of the CTA's KV head, packed), over keys
+// [kv_begin, kv_end) of that request. The CTA's KV head is blockIdx.y.
+struct WorkItem {
+  std::int32_t req = 0;
+  std::int32_t token_begin = 0;     // row of the first query token in query/output
+  std::int32_t num_tokens = 0;
+  std::int32_t position_begin = 0;  // absolute position of the first query token
+  std::int32_t kv_begin = 0;
+  std::int32_t kv_end = 0;
+  std::int32_t mode = 0;            // TileMode
+  std::int32_t split = 0;           // index of this split among num_splits
+  std::int32_t num_splits = 1;      // 1 = write the output directly
+  std::int32_t partial_index = 0;   // first partial token-row of the split group
+  std::int32_t kv_row_begin = 0;    // dense K/V (encoder): row of key 0 of the request
+};
+
+// One split group to merge: the partial results of `num_splits` items.
+struct CombineItem {
+  std::int32_t token_begin = 0;
+  std::int32_t num_tokens = 0;
+  std::int32_t num_splits = 0;
+  std::int32_t partial_index = 0;
+};
+
+// Per-step scalars read on the device, so a captured graph replays with the
+// values of the latest upload.
+struct PlanHeader {
+  std::int32_t num_items = 0;
+  std::int32_t num_combine = 0;
+  std::int32_t block_table_stride = 0;  // elements between block-table rows
+};
+
+// Byte layout of the device workspace: header, items, combine items, block
+// table (i32), each start aligned to kWorkspaceAlign.
+inline constexpr std::int64_t kWorkspaceAlign = 256;
+
+struct FlashParams {
+  // ---- problem ----
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_size = 0;
+  float softmax_scale = 1.0f;
+  float soft_cap = 0.0f;  // <= 0 = off
+  int mask = 0;           // MaskKind
+  int window_kind = 0;    // WindowKind
+  int window = 0;
+  const float* alibi_slopes = nullptr;  // [num_heads] device, or null
+  const float* sinks = nullptr;         // [num_heads] device, or null
+
+  // ---- query / output ----
+  const void* query = nullptr;  // [T, H, D]
+  std::int64_t q_row_stride = 0;
+  std::int64_t q_head_stride = 0;
+  void* output = nullptr;  // [T, H, D], query dtype
+  std::int64_t o_row_stride = 0;
+  std::int64_t o_head_stride = 0;
+  float* lse = nullptr;  // [H, T] or null
+  std::int64_t lse_head_stride = 0;
+  std::int64_t lse_token_stride = 0;
+
+  // ---- keys / values ----
+  bool dense_kv = false;  // encoder: keys are rows of key/value, not the cache
+  const void* key = nullptr;  // paged: [NB, BS, Hkv, D]; dense: [T, Hkv, D]
+  const void* value = nullptr;
+  std::int64_t k_block_stride = 0;  // paged only
+  std::int64_t k_slot_stride = 0;   // paged: slot stride; dense: row stride
+  std::int64_t k_head_stride = 0;
+  std::int64_t v_block_stride = 0;
+  std::int64_t v_slot_stride = 0;
+  std::int64_t v_head_stride = 0;
+  int block_size = 1;
+  std::int64_t num_blocks = 0;
+  DType kv_dtype = DType::BF16;  // bf16/f16 (= query dtype) or fp8
+  const float* k_scale = nullptr;  // fp8 only: [1] or [Hkv] device
+  const float* v_scale = nullptr;
+  int kv_scale_stride = 0;         // 0 = per tensor, 1 = per KV head
+
+  // ---- plan (device workspace) ----
+  const PlanHeader* header = nullptr;
+  const WorkItem* items = nullptr;
+  const CombineItem* combine = nullptr;
+  const std::int32_t* block_table = nullptr;
+  float* partial_out = nullptr;  // [partial token-rows, H, D]
+  float* partial_lse = nullptr;  // [partial token-rows, H]
+  int grid_items = 0;            // CTAs along x (the items are strided over them)
+  int grid_combine = 0;
+};
+
+// Status codes of the launchers (cudaError_t values pass through as ints).
+inline constexpr int kLaunchOk = 0;
+inline constexpr int kLaunchUnsupportedHeadSize = -1;
+inline constexpr int kLaunchUnsupportedDType = -2;
+
+// Head-size class a head size runs in (the kernels pad up to it), 0 if none.
+int head_size_class(int head_size);
+// Dynamic shared memory of the attention kernel for a head-size class.
+int attention_smem_bytes(int head_class);
+
+// Launches the attention kernel (and, when `launch_combine`, the split-KV
+// merge) on `stream` (a cudaStream_t). Returns kLaunchOk, a negative
+// kLaunch* code, or a cudaError_t value.
+int launch_flash_attention(const FlashParams& params, DType dtype, bool launch_combine, void* stream);
+
+}  // namespace pagedattn::cuda_flash

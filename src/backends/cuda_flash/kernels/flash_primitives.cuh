@@ -1,0 +1,125 @@
+// Warp-level building blocks of the CUDA_FLASH kernels: tensor-core MMA
+// (m16n8k16, 16-bit operands, fp32 accumulation), ldmatrix, cp.async and the
+// fp8 -> 16-bit conversion. Inline PTX, sm_80 and newer.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace pagedattn::cuda_flash::detail {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+template <typename T>
+struct Elem;
+
+template <>
+struct Elem<half> {
+  __device__ __forceinline__ static void mma(float c[4], const std::uint32_t a[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    std::uint32_t u;
+    std::memcpy(&u, &h, sizeof u);
+    return u;
+  }
+  __device__ __forceinline__ static std::uint32_t from_half2(__half2 h) {
+    std::uint32_t u;
+    std::memcpy(&u, &h, sizeof u);
+    return u;
+  }
+};
+
+template <>
+struct Elem<__nv_bfloat16> {
+  __device__ __forceinline__ static void mma(float c[4], const std::uint32_t a[4], std::uint32_t b0,
+                                             std::uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static std::uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    std::uint32_t u;
+    std::memcpy(&u, &h, sizeof u);
+    return u;
+  }
+  // Every fp8 value is exact in bf16, so the detour through float loses nothing.
+  __device__ __forceinline__ static std::uint32_t from_half2(__half2 h) {
+    const float2 f = __half22float2(h);
+    return pack(f.x, f.y);
+  }
+};
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(std::uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(std::uint32_t r[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// 16-byte global -> shared copy; when !valid nothing is read and the
+// destination is zero-filled (masked loads: poisoned slots are never touched).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  // No memory clobber: it would pin every surrounding load in program order;
+  // the commit/wait below and __syncthreads() order the shared memory.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Eight fp8 values (one 8-byte load) -> eight 16-bit values of T (16 bytes).
+template <typename T>
+__device__ __forceinline__ uint4 fp8x8_convert(uint2 v, __nv_fp8_interpretation_t kind) {
+  const std::uint32_t words[2] = {v.x, v.y};
+  std::uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>((words[i / 2] >> (16 * (i % 2))) & 0xFFFFu);
+    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, kind);
+    out[i] = Elem<T>::from_half2(__half2(raw));
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Stores eight floats as T at a 16-byte aligned address.
+template <typename T>
+__device__ __forceinline__ void store8(void* dst, const float v[8]) {
+  uint4 packed;
+  packed.x = Elem<T>::pack(v[0], v[1]);
+  packed.y = Elem<T>::pack(v[2], v[3]);
+  packed.z = Elem<T>::pack(v[4], v[5]);
+  packed.w = Elem<T>::pack(v[6], v[7]);
+  *static_cast<uint4*>(dst) = packed;
+}
+
+}  // namespace pagedattn::cuda_flash::detail

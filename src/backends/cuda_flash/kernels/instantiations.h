@@ -1,0 +1,22 @@
+// The instantiation matrix of the attention kernel, in one place: head-size
+// classes x {f16, bf16}. A head size runs in the smallest class that holds it
+// (the kernel zero-pads the rest), so any multiple of 8 up to 256 is served by
+// three classes. Each class is compiled in its own translation unit
+// (flash_hd<N>.cu) so the CUDA build parallelizes and stays small.
+#pragma once
+
+#include <pagedattn/scalar.h>
+
+#include "flash_params.h"
+
+// X(head_class) for every class, smallest first.
+#define PAGEDATTN_FLASH_HEAD_CLASSES(X) X(64) X(128) X(256)
+
+namespace pagedattn::cuda_flash {
+
+#define PAGEDATTN_FLASH_DECLARE_CLASS(hc) \
+  int launch_hd##hc(const FlashParams& params, DType dtype, bool launch_combine, void* stream);
+PAGEDATTN_FLASH_HEAD_CLASSES(PAGEDATTN_FLASH_DECLARE_CLASS)
+#undef PAGEDATTN_FLASH_DECLARE_CLASS
+
+}  // namespace pagedattn::cuda_flash
