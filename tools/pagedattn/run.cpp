@@ -1,125 +1,59 @@
-// `pagedattn run`, the main job: a model-shaped stack of Attention layers run
-// over a few steps of a mixed prefill+decode batch, every layer of every step
-// checked against the dense fp64 oracle (which never sees the page table).
-#include <nlohmann/json.hpp>
-#include <pagedattn/attention.h>
-#include <pagedattn/conformance.h>
+// `pagedattn run`, the main job: a continuous-batching serving loop
+// (serving_loop.h) over a synthetic ShareGPT-like trace on the default
+// backend, with a progress line and a summary; every N-th step is checked
+// against the dense fp64 oracle, and a failed check makes the exit non-zero.
 #include <pagedattn/selector.h>
+#include <unistd.h>
 
-#include <algorithm>
-#include <array>
 #include <chrono>
-#include <cmath>
+#include <cstdio>
 #include <fstream>
-#include <random>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "serving/serving_loop.h"
+#include "serving/serving_trace.h"
 
 namespace pagedattn::cli {
 namespace {
 
+using serving::make_trace;
+using serving::ServingLoop;
+using serving::ServingOptions;
+using serving::ServingStats;
+using serving::TraceOptions;
+
 struct RunOptions {
-  int layers = 4;  // default shape: Llama-3-8B attention
+  // Four layers of Llama-3-8B's attention shape (of its 32): a model-shaped
+  // stack that still finishes in well under a minute on a 2-core machine.
+  int layers = 4;
   int heads = 32;
   int kv_heads = 8;
   int head_size = 128;
   std::string dtype = "bf16";
   std::string kv_cache_dtype = "auto";
   int block_size = 16;
-  int steps = 12;  // enough for every synthetic request to finish
-  int token_budget = 192;  // tokens per step (chunked prefill fills what decodes leave)
+  int requests = 48;
+  int kv_blocks = 480;  // tight enough that some seeds preempt
+  int token_budget = 256;
+  int max_num_seqs = 32;
+  int check_every = 8;
+  int system_prompt = 64;  // shared system prompt tokens; 0 = none
+  bool no_prefix_caching = false;
+  double prompt_median = 200;
+  double output_median = 150;
+  int max_prompt = 1024;
+  int max_output = 512;
+  double arrival_rate = 0.5;  // requests per step
   std::string backend = "auto";
   std::uint32_t seed = 0;
   std::string json;
 };
 
-// Prompt and output lengths of the synthetic requests: odd sizes, one prompt
-// longer than the step budget so it is prefilled in chunks.
-constexpr std::array<std::pair<int, int>, 6> kRequests = {
-    {{96, 6}, {37, 4}, {250, 3}, {17, 8}, {64, 5}, {131, 2}}};
-constexpr float kInputRange = 1.0f;  // q/k/v drawn uniformly from [-1, 1]
-
-struct Request {
-  int prompt_len = 0;
-  int output_len = 0;
-  int computed = 0;  // tokens already in the KV cache
-  std::vector<std::int32_t> blocks;
-  // Per layer: every K/V row written so far, as attention reads it back.
-  std::vector<std::vector<float>> keys;
-  std::vector<std::vector<float>> values;
-  bool finished() const { return computed >= prompt_len + output_len - 1; }
-};
-
-// A fixed pool of blocks with block 0 reserved as the null block.
-class BlockPool {
- public:
-  explicit BlockPool(int num_blocks) {
-    for (int b = num_blocks - 1; b >= 1; --b) free_.push_back(b);
-    capacity_ = num_blocks - 1;
-  }
-  void grow(Request& r, int tokens, int block_size) {
-    const int needed = (tokens + block_size - 1) / block_size;
-    while (static_cast<int>(r.blocks.size()) < needed) {
-      if (free_.empty()) throw Error(ErrorKind::OutOfMemory, "run: the KV block pool is exhausted");
-      r.blocks.push_back(free_.back());
-      free_.pop_back();
-    }
-    peak_used_ = std::max(peak_used_, capacity_ - static_cast<int>(free_.size()));
-  }
-  void release(Request& r) {
-    free_.insert(free_.end(), r.blocks.begin(), r.blocks.end());
-    r.blocks.clear();
-  }
-  int capacity() const { return capacity_; }
-  int peak_used() const { return peak_used_; }
-
- private:
-  std::vector<std::int32_t> free_;
-  int capacity_ = 0;
-  int peak_used_ = 0;
-};
-
-// The value attention reads back after the cache stored `x`.
-float as_cached(float x, DType model_dtype, CacheDType cache_dtype, float scale) {
-  const DType storage = kv_cache_storage_dtype(cache_dtype, model_dtype);
-  std::array<std::uint8_t, sizeof(std::uint64_t)> cell{};  // wide enough for any dtype
-  store_from_float(cell.data(), model_dtype, x);
-  const float input = load_as_float(cell.data(), model_dtype);
-  if (!is_fp8(storage)) return input;
-  store_from_float(cell.data(), storage, input / scale);
-  return load_as_float(cell.data(), storage) * scale;
-}
-
-struct StepPlan {
-  std::vector<int> request_ids;
-  std::vector<int> query_lens;
-  int decodes = 0;
-  int prefill_tokens = 0;
-};
-
-// Decodes first (one token each), then prefill chunks in arrival order until
-// the budget is spent, as vLLM's scheduler does with chunked prefill.
-StepPlan schedule(const std::vector<Request>& requests, int budget) {
-  StepPlan plan;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int i = 0; i < static_cast<int>(requests.size()) && budget > 0; ++i) {
-      const Request& r = requests[static_cast<std::size_t>(i)];
-      if (r.finished()) continue;
-      const bool decoding = r.computed >= r.prompt_len;
-      if (decoding != (pass == 0)) continue;
-      const int q = decoding ? 1 : std::min(budget, r.prompt_len - r.computed);
-      plan.request_ids.push_back(i);
-      plan.query_lens.push_back(q);
-      budget -= q;
-      if (decoding) {
-        ++plan.decodes;
-      } else {
-        plan.prefill_tokens += q;
-      }
-    }
-  }
-  return plan;
-}
+constexpr int kBarWidth = 30;
+constexpr double kRedrawSeconds = 0.1;
+constexpr int kPlainEverySteps = 100;
+constexpr double kPercent = 100.0;
 
 const AttentionBackend& choose_backend(const RunOptions& o, const SelectorConfig& cfg, std::string& how) {
   if (o.backend != "auto") {
@@ -138,11 +72,79 @@ const AttentionBackend& choose_backend(const RunOptions& o, const SelectorConfig
   return select_backend(cfg, "REFERENCE");
 }
 
+class ProgressDisplay {
+ public:
+  explicit ProgressDisplay(int total) : total_(total), tty_(isatty(fileno(stdout)) != 0) {}
+
+  // `final_state` redraws the bar regardless of the redraw interval.
+  void update(const ServingLoop& loop, bool final_state = false) {
+    const ServingStats& s = loop.stats();
+    const auto now = std::chrono::steady_clock::now();
+    if (tty_) {
+      if (!final_state && std::chrono::duration<double>(now - last_).count() < kRedrawSeconds) return;
+      last_ = now;
+      const int done = s.finished + s.rejected;
+      const int filled = total_ == 0 ? kBarWidth : done * kBarWidth / total_;
+      fmt::print(
+          "\r[{}{}] step {:5} | {:3}/{} done, {:2} running, {:2} waiting | {:7.0f} tok/s | KV {:5.1f}%  ",
+          std::string(static_cast<std::size_t>(filled), '#'),
+          std::string(static_cast<std::size_t>(kBarWidth - filled), '.'), s.steps, done, total_,
+          loop.num_running(), loop.num_waiting(), tokens_per_second(s), loop.kv_usage() * kPercent);
+      std::fflush(stdout);
+    } else if (s.steps > 0 && s.steps % kPlainEverySteps == 0 && s.steps != last_step_) {
+      last_step_ = s.steps;
+      fmt::print("step {}: {}/{} done, {} running, {} waiting, {:.0f} tok/s, KV {:.1f}%\n", s.steps,
+                 s.finished + s.rejected, total_, loop.num_running(), loop.num_waiting(),
+                 tokens_per_second(s), loop.kv_usage() * kPercent);
+    }
+  }
+
+  void finish(const ServingLoop& loop) {
+    if (!tty_) return;
+    update(loop, true);
+    fmt::print("\n");
+  }
+
+  static double tokens_per_second(const ServingStats& s) {
+    return s.seconds > 0 ? static_cast<double>(s.computed_tokens) / s.seconds : 0.0;
+  }
+
+ private:
+  int total_;
+  bool tty_;
+  int last_step_ = -1;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+nlohmann::json summary_json(const ServingStats& s, const std::string& backend, const RunOptions& o) {
+  return {{"backend", backend},
+          {"layers", o.layers},
+          {"requests", s.requests},
+          {"finished", s.finished},
+          {"rejected", s.rejected},
+          {"prompt_tokens", s.prompt_tokens},
+          {"generated_tokens", s.generated_tokens},
+          {"computed_tokens", s.computed_tokens},
+          {"steps", s.steps},
+          {"seconds", s.seconds},
+          {"steps_per_second", s.steps / std::max(s.seconds, 1e-12)},
+          {"tokens_per_second", ProgressDisplay::tokens_per_second(s)},
+          {"peak_kv_usage", s.peak_kv_usage},
+          {"kv_blocks", o.kv_blocks},
+          {"kv_waste", s.kv_waste()},
+          {"prefix_cache_hit_rate", s.prefix_hit_rate},
+          {"preemptions", s.preemptions},
+          {"check_passed", s.checks_passed},
+          {"check_failed", s.checks_failed},
+          {"messages", s.messages}};
+}
+
 int run_main_job(const RunOptions& o) {
   const auto dtype = parse_dtype(o.dtype);
   if (!dtype) throw_invalid("run", "--dtype", "f32, f16 or bf16", o.dtype);
   const auto cache_dtype = parse_cache_dtype(o.kv_cache_dtype);
-  if (!cache_dtype) throw_invalid("run", "--kv-cache-dtype", "auto, fp8, fp8_e4m3 or fp8_e5m2", o.kv_cache_dtype);
+  if (!cache_dtype)
+    throw_invalid("run", "--kv-cache-dtype", "auto, fp8, fp8_e4m3 or fp8_e5m2", o.kv_cache_dtype);
 
   SelectorConfig cfg;
   cfg.head_size = o.head_size;
@@ -152,182 +154,126 @@ int run_main_job(const RunOptions& o) {
   std::string how;
   const AttentionBackend& backend = choose_backend(o, cfg, how);
 
-  ModelContext model(ModelOptions{*dtype, Device::cpu(), 1, std::string(backend.name())});
-  CacheConfig cache;
-  cache.block_size = o.block_size;
-  cache.cache_dtype = *cache_dtype;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(o.head_size));
-  std::vector<std::unique_ptr<Attention>> layers;
-  for (int l = 0; l < o.layers; ++l) {
-    AttentionOptions opts;
-    opts.num_kv_heads = o.kv_heads;
-    opts.cache_config = cache;
-    opts.prefix = fmt::format("model.layers.{}.self_attn.attn", l);
-    layers.push_back(std::make_unique<Attention>(model, o.heads, o.head_size, scale, opts));
-  }
+  TraceOptions trace_opts;
+  trace_opts.num_requests = o.requests;
+  trace_opts.seed = o.seed;
+  trace_opts.system_prompt_len = o.system_prompt;
+  trace_opts.prompt_median = o.prompt_median;
+  trace_opts.output_median = o.output_median;
+  trace_opts.max_prompt_len = o.max_prompt;
+  trace_opts.max_output_len = o.max_output;
+  trace_opts.arrivals_per_step = o.arrival_rate;
 
-  int total_tokens = 0;
-  for (const auto& [prompt, output] : kRequests) total_tokens += prompt + output;
-  const int num_blocks = total_tokens / o.block_size + static_cast<int>(kRequests.size()) + 2;
-  KVCacheAllocationOptions alloc_opts;
-  alloc_opts.num_blocks = num_blocks;
-  alloc_opts.reserve_null_block = true;
-  const KVCacheAllocation alloc = allocate_kv_caches(model, alloc_opts);
+  ServingOptions serving;
+  serving.layers = o.layers;
+  serving.heads = o.heads;
+  serving.kv_heads = o.kv_heads;
+  serving.head_size = o.head_size;
+  serving.dtype = *dtype;
+  serving.cache_dtype = *cache_dtype;
+  serving.block_size = o.block_size;
+  serving.num_kv_blocks = o.kv_blocks;
+  serving.token_budget = o.token_budget;
+  serving.max_num_seqs = o.max_num_seqs;
+  serving.check_every = o.check_every;
+  serving.prefix_caching = !o.no_prefix_caching;
+  serving.seed = o.seed;
+  ServingLoop loop(serving, backend, make_trace(trace_opts));
 
-  fmt::print("pagedattn run: {} layers of {}/{} heads, head size {}, {}, KV cache {}, block size {}\n", o.layers,
-             o.heads, o.kv_heads, o.head_size, *dtype, cache_dtype_name(*cache_dtype), o.block_size);
+  fmt::print("pagedattn run: {} layers of {}/{} heads, head size {}, {}, KV cache {}, block size {}\n",
+             o.layers, o.heads, o.kv_heads, o.head_size, *dtype, cache_dtype_name(*cache_dtype),
+             o.block_size);
   fmt::print("backend: {} ({})\n", backend.name(), how);
-  fmt::print("KV cache: {} blocks, {:.1f} MiB over {} layers; {}\n", num_blocks,
-             static_cast<double>(alloc.bytes) / (1024.0 * 1024.0), alloc.num_cache_layers, layers[0]->extra_repr());
+  fmt::print("KV cache: {} blocks ({} usable), {:.1f} MiB over {} layers; {}\n", o.kv_blocks, o.kv_blocks - 1,
+             static_cast<double>(loop.allocation().bytes) / (1024.0 * 1024.0),
+             loop.allocation().num_cache_layers, loop.first_layer().extra_repr());
+  fmt::print(
+      "trace: {} requests (seed {}), prompt median {} + {} shared system tokens, output median {}, "
+      "{} tokens/step, prefix caching {}, oracle check every {} steps\n",
+      o.requests, o.seed, o.prompt_median, o.system_prompt, o.output_median, o.token_budget,
+      o.no_prefix_caching ? "off" : "on", o.check_every);
 
-  std::vector<Request> requests;
-  for (const auto& [prompt, output] : kRequests) {
-    Request r;
-    r.prompt_len = prompt;
-    r.output_len = output;
-    r.keys.resize(static_cast<std::size_t>(o.layers));
-    r.values.resize(static_cast<std::size_t>(o.layers));
-    requests.push_back(std::move(r));
-  }
-  BlockPool pool(num_blocks);
-  ModelMetadataBuilder builder(model);
-  std::mt19937 rng(o.seed);
-  std::uniform_real_distribution<float> uniform(-kInputRange, kInputRange);
-  const int q_width = o.heads * o.head_size;
-  const int kv_width = o.kv_heads * o.head_size;
-  const int qkv_width = q_width + 2 * kv_width;
+  ProgressDisplay progress(o.requests);
+  while (loop.step()) progress.update(loop);
+  progress.finish(loop);
 
-  int passed = 0;
-  int failed = 0;
-  int steps_run = 0;
-  int tokens_done = 0;
-  double forward_seconds = 0.0;
-  nlohmann::json step_log = nlohmann::json::array();
-  for (int step = 0; step < o.steps; ++step) {
-    const StepPlan plan = schedule(requests, o.token_budget);
-    if (plan.request_ids.empty()) break;
-    std::vector<RequestSpec> specs;
-    int num_tokens = 0;
-    for (std::size_t i = 0; i < plan.request_ids.size(); ++i) {
-      Request& r = requests[static_cast<std::size_t>(plan.request_ids[i])];
-      const int seq_len = r.computed + plan.query_lens[i];
-      pool.grow(r, seq_len, o.block_size);
-      specs.push_back(RequestSpec{plan.query_lens[i], seq_len, r.blocks});
-      num_tokens += plan.query_lens[i];
-    }
-    MetadataOptions md_opts;
-    md_opts.block_size = o.block_size;
-    const CommonAttentionMetadata common = make_common_metadata(specs, md_opts);
-    ForwardContext ctx;
-    ctx.layer_metadata = builder.build(common);
-    ForwardContextScope scope(std::move(ctx));
-
-    int step_failed = 0;
-    double step_seconds = 0.0;
-    for (int l = 0; l < o.layers; ++l) {
-      // One fused qkv projection output; q, k and v are strided views into it.
-      std::vector<float> qkv(static_cast<std::size_t>(num_tokens) * qkv_width);
-      for (float& x : qkv) x = uniform(rng);
-      const Tensor fused = Tensor::from_floats(qkv, Dims{num_tokens, qkv_width}, *dtype);
-      const Tensor q = fused.slice(1, 0, q_width);
-      const Tensor k = fused.slice(1, q_width, q_width + kv_width);
-      const Tensor v = fused.slice(1, q_width + kv_width, qkv_width);
-      const auto start = std::chrono::steady_clock::now();
-      const Tensor out = layers[static_cast<std::size_t>(l)]->forward(q, k, v);
-      step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-      OracleProblem problem;
-      problem.num_heads = o.heads;
-      problem.num_kv_heads = o.kv_heads;
-      problem.head_size = o.head_size;
-      problem.scale = scale;
-      int row = 0;
-      for (std::size_t i = 0; i < plan.request_ids.size(); ++i) {
-        Request& r = requests[static_cast<std::size_t>(plan.request_ids[i])];
-        OracleRequest req;
-        req.query_len = plan.query_lens[i];
-        req.kv_len = r.computed + req.query_len;
-        auto& keys = r.keys[static_cast<std::size_t>(l)];
-        auto& values = r.values[static_cast<std::size_t>(l)];
-        for (int t = row; t < row + req.query_len; ++t) {
-          const float* src = qkv.data() + static_cast<std::size_t>(t) * qkv_width;
-          for (int c = 0; c < q_width; ++c) req.query.push_back(as_cached(src[c], *dtype, CacheDType::Auto, 1.0f));
-          for (int c = 0; c < kv_width; ++c) {
-            keys.push_back(as_cached(src[q_width + c], *dtype, *cache_dtype, 1.0f));
-            values.push_back(as_cached(src[q_width + kv_width + c], *dtype, *cache_dtype, 1.0f));
-          }
-        }
-        req.key = keys;
-        req.value = values;
-        problem.requests.push_back(std::move(req));
-        row += plan.query_lens[i];
-      }
-      const OracleOutput expected = dense_attention(problem);
-      const std::vector<float> got = to_float_vector(out);
-      if (auto failure = compare_with_oracle(expected, got, {}, *dtype)) {
-        fmt::print("  step {} layer {}: check FAILED: {}\n", step + 1, l, *failure);
-        ++failed;
-        ++step_failed;
-      } else {
-        ++passed;
-      }
-    }
-    for (std::size_t i = 0; i < plan.request_ids.size(); ++i) {
-      Request& r = requests[static_cast<std::size_t>(plan.request_ids[i])];
-      r.computed += plan.query_lens[i];
-      if (r.finished()) pool.release(r);
-    }
-    ++steps_run;
-    tokens_done += num_tokens;
-    forward_seconds += step_seconds;
-    fmt::print("step {}: {} requests ({} decodes, {} prefill tokens), {} tokens, {:.2f} ms/layer, check {}\n",
-               step + 1, plan.request_ids.size(), plan.decodes, plan.prefill_tokens, num_tokens,
-               step_seconds * 1e3 / o.layers, step_failed == 0 ? "ok" : "FAILED");
-    step_log.push_back({{"step", step + 1},
-                        {"requests", plan.request_ids.size()},
-                        {"decodes", plan.decodes},
-                        {"prefill_tokens", plan.prefill_tokens},
-                        {"tokens", num_tokens},
-                        {"ms_per_layer", step_seconds * 1e3 / o.layers},
-                        {"check_failed", step_failed}});
-  }
-  const auto finished = std::count_if(requests.begin(), requests.end(), [](const Request& r) { return r.finished(); });
-  fmt::print("summary: {} steps, {} requests ({} finished), {} tokens, {:.2f} ms per layer-step, "
-             "{:.0f} tokens/s per layer, peak KV blocks {}/{}\n",
-             steps_run, requests.size(), finished, tokens_done, forward_seconds * 1e3 / (steps_run * o.layers),
-             tokens_done * o.layers / std::max(forward_seconds, 1e-12), pool.peak_used(), pool.capacity());
-  fmt::print("check: {} passed, {} failed\n", passed, failed);
-  if (!o.json.empty()) {
-    nlohmann::json report = {{"backend", backend.name()},
-                             {"layers", o.layers},
-                             {"steps", step_log},
-                             {"tokens", tokens_done},
-                             {"peak_kv_blocks", pool.peak_used()},
-                             {"kv_blocks", pool.capacity()},
-                             {"check_passed", passed},
-                             {"check_failed", failed}};
-    std::ofstream(o.json) << report.dump(2) << "\n";
-  }
-  return failed == 0 ? kExitOk : kExitFailed;
+  const ServingStats& s = loop.stats();
+  for (const std::string& m : s.messages) fmt::print("  {}\n", m);
+  fmt::print("summary:\n");
+  fmt::print("  requests:          {} ({} finished, {} rejected)\n", s.requests, s.finished, s.rejected);
+  fmt::print("  tokens:            {} computed ({} prompt, {} generated)\n", s.computed_tokens,
+             s.prompt_tokens, s.generated_tokens);
+  fmt::print("  steps:             {} in {:.1f} s, {:.1f} steps/s\n", s.steps, s.seconds,
+             s.steps / std::max(s.seconds, 1e-12));
+  fmt::print("  throughput:        {:.0f} tokens/s ({:.0f} tokens/s inside attention, {} layers)\n",
+             ProgressDisplay::tokens_per_second(s),
+             static_cast<double>(s.computed_tokens) / std::max(s.forward_seconds, 1e-12), o.layers);
+  fmt::print("  peak KV usage:     {:.1f}% of {} blocks\n", s.peak_kv_usage * kPercent, o.kv_blocks - 1);
+  fmt::print("  KV waste:          {:.2f}% of allocated slots hold no token\n", s.kv_waste() * kPercent);
+  fmt::print("  prefix-cache hits: {:.1f}% of looked-up tokens\n", s.prefix_hit_rate * kPercent);
+  fmt::print("  preemptions:       {}\n", s.preemptions);
+  fmt::print("check: {} passed, {} failed\n", s.checks_passed, s.checks_failed);
+  if (!o.json.empty())
+    std::ofstream(o.json) << summary_json(s, std::string(backend.name()), o).dump(2) << "\n";
+  return s.checks_failed == 0 ? kExitOk : kExitFailed;
 }
 
 }  // namespace
 
 void add_run_command(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("run", "The main job: a stack of attention layers over mixed batches, checked");
+  auto* cmd = app.add_subcommand(
+      "run", "The main job: a continuous-batching serving loop, checked against the oracle");
   auto o = std::make_shared<RunOptions>();
-  cmd->add_option("--layers", o->layers, "Attention layers")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", o->layers, "Attention layers")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--heads", o->heads, "Query heads")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--kv-heads", o->kv_heads, "KV heads")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--head-size", o->head_size, "Head size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--head-size", o->head_size, "Head size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--dtype", o->dtype, "Model dtype")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype")->capture_default_str();
-  cmd->add_option("--block-size", o->block_size, "KV block size")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", o->steps, "Steps to run")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--token-budget", o->token_budget, "Tokens per step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--block-size", o->block_size, "KV block size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--requests", o->requests, "Requests in the trace")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks, the null block included")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--token-budget", o->token_budget, "Tokens per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Running requests at most")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--check-every", o->check_every, "Check every N-th step against the oracle (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--system-prompt", o->system_prompt, "Shared system prompt tokens (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "Disable prefix caching");
+  cmd->add_option("--prompt-median", o->prompt_median, "Median prompt length (log-normal)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--output-median", o->output_median, "Median output length (log-normal)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-prompt", o->max_prompt, "Prompt length clip")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-output", o->max_output, "Output length clip")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--arrival-rate", o->arrival_rate, "Requests arriving per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--backend", o->backend, "Backend name, or auto")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
-  cmd->add_option("--json", o->json, "Also write the report as JSON to this file");
+  cmd->add_option("--json", o->json, "Also write the summary as JSON to this file");
   cmd->callback([o, &exit_code] { exit_code = run_main_job(*o); });
 }
 
