@@ -20,7 +20,10 @@ bool cpu_runs(Isa isa) {
   switch (isa) {
     case Isa::Avx512Bf16:
 #if defined(__x86_64__) || defined(__i386__)
-      return (supported & HWY_AVX3) != 0 && __builtin_cpu_supports("avx512bf16");
+      // The decode path's e4m3 lookups use AVX512-VBMI byte permutes; CPUs
+      // with AVX512-BF16 but no VBMI (Cooper Lake) run Isa::Avx512.
+      return (supported & HWY_AVX3) != 0 && __builtin_cpu_supports("avx512bf16") &&
+             __builtin_cpu_supports("avx512vbmi");
 #else
       return false;
 #endif

@@ -11,7 +11,7 @@
 namespace pagedattn::cpu_attn {
 
 // Best first. Avx512Bf16 is the AVX-512 code with its bf16 x bf16 dot
-// products done by the AVX512-BF16 instruction (vdpbf16ps).
+// products done by the AVX512-BF16 instruction (vdpbf16ps); needs AVX512-VBMI too.
 enum class Isa : std::uint8_t { Avx512Bf16, Avx512, Avx2, Scalar };
 
 // "avx512bf16", "avx512", "avx2", "scalar" (the portable HWY_SCALAR target).

@@ -191,19 +191,25 @@ void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemSha
   }
 }
 
-// Tiles between the one computed and the one prefetched: paged blocks are
+// Tiles between the one computed and the ones prefetched: paged blocks are
 // scattered, so the hardware prefetchers lose the stream at every block.
 // Measured (docs/perf.md): one tile ahead into L1 beat two tiles into L2, no
-// prefetch, and prefetching only the start of each block.
+// prefetch, and prefetching only the start of each block (attempts 4, 10); once
+// the decode loop got faster (attempt 13), another stream kFarPrefetchTiles
+// ahead into L2 put more DRAM reads in flight (attempt 14).
 constexpr int kPrefetchTiles = 1;
+constexpr int kFarPrefetchTiles = 4;
+// __builtin_prefetch locality hints.
+constexpr int kKeepInL1 = 3;
+constexpr int kKeepInL2 = 2;
 
+template <int kLocality>
 void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_bytes) {
   constexpr std::size_t kCacheLine = 64;
   constexpr int kReadOnly = 0;
-  constexpr int kKeepInL1 = 3;
   for (int i = 0; i < n; ++i) {
     for (std::size_t off = 0; off < row_bytes; off += kCacheLine) {
-      __builtin_prefetch(rows[i] + off, kReadOnly, kKeepInL1);
+      __builtin_prefetch(rows[i] + off, kReadOnly, kLocality);
     }
   }
 }
@@ -439,6 +445,229 @@ PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_s
     }
   }
 }
+
+// ---- AVX512-BF16 decode path ---------------------------------------------------
+// Decodes (few rows) with bf16 queries and bf16 or e4m3 K/V: scores and P V
+// with vdpbf16ps, so one instruction does 32 multiply-adds where the fp32
+// rowwise loop did 16 plus a widening of K/V (docs/perf.md, attempt 13). e4m3
+// becomes bf16 through two byte-table lookups (vpermi2b, AVX512-VBMI: every
+// AVX512-BF16 CPU the dispatch admits has it), so fp8 costs the bf16 loop plus
+// five instructions per 64 values while reading half the bytes.
+#define PAGEDATTN_DECODE_TARGET __attribute__((target("avx512bf16,avx512vbmi")))
+
+// K/V values one decode step converts: one 64-byte e4m3 load, two bf16 vectors.
+constexpr int kDecodeChunk = 64;
+// e4m3 magnitudes (7 bits) and the bf16 table built from them.
+constexpr int kE4M3Magnitudes = 128;
+constexpr std::uint16_t kE4M3NanMagnitude = 0x7F;
+constexpr std::uint16_t kBf16QuietNan = 0x7FC0;
+constexpr int kBf16MantissaBits = 7;
+// bf16 exponent field of 2^-17, the smallest e4m3 subnormal (2^-9) over
+// kE4M3HalfRescale; a normal e4m3 exponent e maps to this + 2 + e.
+constexpr int kE4M3SubnormalBf16Exponent = 110;
+
+// Bf16 bits of (e4m3 magnitude x) / kE4M3HalfRescale: the same 2^-8 offset as
+// LoadKV's half reading, so every path of an item and the merge share one
+// rescale. Exact (e4m3 has 3 mantissa bits); the NaN code stays NaN.
+constexpr std::uint16_t e4m3_magnitude_bf16(int x) {
+  constexpr int kE4M3MantissaBits = 3;
+  const int e = x >> kE4M3MantissaBits;
+  const int m = x & ((1 << kE4M3MantissaBits) - 1);
+  if (x == kE4M3NanMagnitude) return kBf16QuietNan;
+  if (e != 0) {
+    return static_cast<std::uint16_t>(((kE4M3SubnormalBf16Exponent + 2 + e) << kBf16MantissaBits) |
+                                      (m << (kBf16MantissaBits - kE4M3MantissaBits)));
+  }
+  if (m == 0) return 0;
+  const int top = m >= 4 ? 2 : (m >= 2 ? 1 : 0);  // highest set bit of the subnormal mantissa
+  return static_cast<std::uint16_t>(((kE4M3SubnormalBf16Exponent + top) << kBf16MantissaBits) |
+                                    ((m - (1 << top)) << (kBf16MantissaBits - top)));
+}
+
+struct E4M3ByteTables {
+  alignas(64) std::uint8_t hi[kE4M3Magnitudes];  // high byte of the bf16 (sign clear)
+  alignas(64) std::uint8_t lo[kE4M3Magnitudes];  // low byte
+  // Byte indices that interleave 32 low bytes (first table) with 32 high bytes
+  // (second table) into 32 little-endian words: [0] words 0-31, [1] words 32-63.
+  alignas(64) std::uint8_t interleave[2][kDecodeChunk];
+};
+
+constexpr E4M3ByteTables make_e4m3_tables() {
+  E4M3ByteTables t{};
+  for (int x = 0; x < kE4M3Magnitudes; ++x) {
+    t.hi[x] = static_cast<std::uint8_t>(e4m3_magnitude_bf16(x) >> 8);
+    t.lo[x] = static_cast<std::uint8_t>(e4m3_magnitude_bf16(x) & 0xFF);
+  }
+  constexpr int kSecondTable = 64;  // vpermt2b: index bit 6 picks the second table
+  for (int half = 0; half < 2; ++half) {
+    for (int j = 0; j < kDecodeChunk; ++j) {
+      const int word = half * (kDecodeChunk / 2) + j / 2;
+      t.interleave[half][j] = static_cast<std::uint8_t>(j % 2 == 0 ? word : kSecondTable + word);
+    }
+  }
+  return t;
+}
+constexpr E4M3ByteTables kE4M3Tables = make_e4m3_tables();
+
+// The lookup tables, loaded into registers once per tile.
+struct E4M3Regs {
+  __m512i hi0, hi1, lo0, lo1, inter0, inter1, sign;
+};
+
+PAGEDATTN_DECODE_TARGET HWY_INLINE E4M3Regs LoadE4M3Regs() {
+  constexpr int kSignBit = 0x80;
+  return E4M3Regs{_mm512_load_si512(kE4M3Tables.hi), _mm512_load_si512(kE4M3Tables.hi + 64),
+                  _mm512_load_si512(kE4M3Tables.lo), _mm512_load_si512(kE4M3Tables.lo + 64),
+                  _mm512_load_si512(kE4M3Tables.interleave[0]), _mm512_load_si512(kE4M3Tables.interleave[1]),
+                  _mm512_set1_epi8(static_cast<char>(kSignBit))};
+}
+
+// kDecodeChunk values of a K/V row as bf16: out0 = values 0-31, out1 = 32-63.
+template <DType KV>
+PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadChunkBf16(const unsigned char* p, const E4M3Regs& t, __m512i& out0,
+                                                      __m512i& out1) {
+  if constexpr (KV == DType::BF16) {
+    static_cast<void>(t);
+    out0 = _mm512_loadu_si512(p);
+    out1 = _mm512_loadu_si512(p + kBf16PerVector * sizeof(std::uint16_t));
+  } else {
+    static_assert(KV == DType::FP8_E4M3, "decode dot path: bf16 or e4m3 K/V");
+    constexpr int kHiOrSign = 0xF8;  // ternary logic: A | (B & C)
+    const __m512i x = _mm512_loadu_si512(p);
+    // The tables index with bits 0-6 (vpermi2b ignores bit 7); the sign bit is copied over.
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, x, t.hi1), x, t.sign, kHiOrSign);
+    const __m512i lo = _mm512_permutex2var_epi8(t.lo0, x, t.lo1);
+    out0 = _mm512_permutex2var_epi8(lo, t.inter0, hi);
+    out1 = _mm512_permutex2var_epi8(lo, t.inter1, hi);
+  }
+}
+
+// Keys per step of the decode score loop: four keys x four rows = 16
+// accumulators, reduced together (one 128-bit lane per row) so a step ends in
+// four vector stores instead of four reductions and 16 scalar stores.
+constexpr int kDecodeKeyBlock = 4;
+
+// Lane sums of a[0..3], partly folded: 128-bit lane l of the result holds
+// partial sums of each a[r] in element r; the four lanes still add up.
+HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// S = (Q K^T) * scale for a decode tile, four rows x four keys per step. Q
+// holds the bf16 query rows (LoadQueriesBf16). Score columns past n get
+// duplicates of a real key's scores; softmax_tile masks them.
+template <DType KV>
+PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
+                                              const unsigned char* const* k_rows, float scale) {
+  static_assert(kTileKeys % kDecodeKeyBlock == 0, "key steps tile the score row");
+  const E4M3Regs t = LoadE4M3Regs();
+  const auto* q16 = reinterpret_cast<const std::uint16_t*>(sc.q);
+  const auto esize = static_cast<int>(dtype_size(KV));
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int rb = std::min(kRowBlock, rows - r0);
+    // Missing rows of a partial block reuse row r0 and are not stored.
+    const std::uint16_t* q[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) q[r] = q16 + (r0 + (r < rb ? r : 0)) * d_size;
+    for (int i0 = 0; i0 < n; i0 += kDecodeKeyBlock) {
+      const unsigned char* k[kDecodeKeyBlock];
+      for (int j = 0; j < kDecodeKeyBlock; ++j) k[j] = k_rows[i0 + j < n ? i0 + j : i0];
+      __m512 acc[kRowBlock][kDecodeKeyBlock];
+      for (int r = 0; r < kRowBlock; ++r) {
+        for (int j = 0; j < kDecodeKeyBlock; ++j) acc[r][j] = _mm512_setzero_ps();
+      }
+      for (int c = 0; c < d_size; c += kDecodeChunk) {
+        __m512bh qv[kRowBlock][2];
+        for (int r = 0; r < kRowBlock; ++r) {
+          qv[r][0] = (__m512bh)_mm512_loadu_si512(q[r] + c);
+          qv[r][1] = (__m512bh)_mm512_loadu_si512(q[r] + c + kBf16PerVector);
+        }
+        for (int j = 0; j < kDecodeKeyBlock; ++j) {
+          __m512i k0, k1;
+          LoadChunkBf16<KV>(k[j] + c * esize, t, k0, k1);
+          for (int r = 0; r < kRowBlock; ++r) {
+            acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][0], (__m512bh)k0);
+            acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][1], (__m512bh)k1);
+          }
+        }
+      }
+      // Row r's four key sums, folded to 128-bit lanes, then lane r of `sums`.
+      __m512 f[kRowBlock];
+      for (int r = 0; r < kRowBlock; ++r) f[r] = Fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      const __m512 f01 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2)));
+      const __m512 f23 = _mm512_add_ps(_mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 2, 3, 2)));
+      const __m512 sums = _mm512_mul_ps(_mm512_add_ps(_mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                                      _mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))),
+                                        vscale);
+      alignas(64) float out[kRowBlock * kDecodeKeyBlock];
+      _mm512_store_ps(out, sums);
+      for (int r = 0; r < rb; ++r) std::memcpy(sc.s + (r0 + r) * kTileKeys + i0, out + r * kDecodeKeyBlock, sizeof(float) * kDecodeKeyBlock);
+    }
+  }
+}
+
+// acc = alpha * acc + P V for a decode tile: V rows interleaved in key pairs
+// as they are read, probabilities rounded to bf16 pairs (as the prefill path,
+// AccumulatePvBf16). Four rows x four vectors (16 accumulators) per pass over
+// kDecodeChunk columns.
+template <DType KV>
+PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
+                                                    const unsigned char* const* v_rows) {
+  constexpr int kVectors = kDecodeChunk / kFloatsPerVector;
+  const E4M3Regs t = LoadE4M3Regs();
+  const auto esize = static_cast<int>(dtype_size(KV));
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
+  // Probabilities as bf16 pairs of keys (2j, 2j + 1), one row of kTileKeys / 2 in sc.kt.
+  auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
+  for (int r = 0; r < rows; ++r) {
+    const float* prob = sc.s + r * kTileKeys;
+    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + kFloatsPerVector), _mm512_load_ps(prob));
+    _mm512_store_si512(pb + r * (kTileKeys / 2), (__m512i)packed);
+  }
+  const int pairs = (n + 1) / 2;
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int rb = std::min(kRowBlock, rows - r0);
+    const std::uint32_t* prob[kRowBlock];
+    float* a[kRowBlock];
+    __m512 alpha[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) {
+      const int row = r0 + (r < rb ? r : 0);  // missing rows reuse r0, not stored
+      prob[r] = pb + row * (kTileKeys / 2);
+      a[r] = sc.acc + row * d_size;
+      alpha[r] = _mm512_set1_ps(sc.alpha[row]);
+    }
+    for (int c0 = 0; c0 < d_size; c0 += kDecodeChunk) {
+      __m512 acc[kRowBlock][kVectors];
+      for (int r = 0; r < kRowBlock; ++r) {
+        for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_mul_ps(_mm512_load_ps(a[r] + c0 + v * kFloatsPerVector), alpha[r]);
+      }
+      for (int j = 0; j < pairs; ++j) {
+        // A missing second key (odd n) reads as zero: its probability is 0, but
+        // the cache behind it may hold NaN.
+        __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+        LoadChunkBf16<KV>(v_rows[2 * j] + c0 * esize, t, a0, a1);
+        if (2 * j + 1 < n) LoadChunkBf16<KV>(v_rows[2 * j + 1] + c0 * esize, t, b0, b1);
+        const __m512bh x[kVectors] = {(__m512bh)_mm512_permutex2var_epi16(a0, lo_idx, b0),
+                                      (__m512bh)_mm512_permutex2var_epi16(a0, hi_idx, b0),
+                                      (__m512bh)_mm512_permutex2var_epi16(a1, lo_idx, b1),
+                                      (__m512bh)_mm512_permutex2var_epi16(a1, hi_idx, b1)};
+        for (int r = 0; r < kRowBlock; ++r) {
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(prob[r][j]));
+          for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], p, x[v]);
+        }
+      }
+      for (int r = 0; r < rb; ++r) {
+        for (int v = 0; v < kVectors; ++v) _mm512_store_ps(a[r] + c0 + v * kFloatsPerVector, acc[r][v]);
+      }
+    }
+  }
+}
 #endif  // HWY_TARGET == HWY_AVX3
 
 // Soft cap, ALiBi and masks on the score tile, then the online-softmax update:
@@ -650,11 +879,16 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   const bool packed = shape.rows >= kTransposeMinRows;
 #if HWY_TARGET == HWY_AVX3
   const bool full_vectors = d_size % static_cast<int>(hn::Lanes(d)) == 0 && hn::Lanes(d) == 16;
-  // Only the packed (prefill) paths use the bf16 dot products: for decodes the
-  // fp32 rowwise loop measured faster (docs/perf.md).
+  // The prefill (packed) bf16 dot-product paths.
   const bool bf16_dot =
       dot && packed && KV == DType::BF16 && p.query.dtype == DType::BF16 && d_size % kBf16PerVector == 0;
-  if (bf16_dot) {
+  // Decodes with bf16 queries and bf16 or e4m3 K/V: the vdpbf16ps decode path
+  // (a rowwise vdpbf16ps loop without it measured slower than fp32, attempt 2;
+  // converting whole 64-value chunks and pairing V keys is what makes it pay).
+  constexpr bool kDecodeDotKv = KV == DType::BF16 || KV == DType::FP8_E4M3;
+  const bool decode_dot = kDecodeDotKv && dot && !packed && full_vectors && p.query.dtype == DType::BF16 &&
+                          d_size % kDecodeChunk == 0;
+  if (bf16_dot || decode_dot) {
     LoadQueriesBf16(p, item, shape, reinterpret_cast<std::uint16_t*>(sc.q));
   } else {
     load_queries(p, item, shape, p.scale * k_scale, sc.q);
@@ -681,12 +915,21 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
     if (ahead < hi) {
       const int ahead_n = std::min(kTileKeys, hi - ahead);
       tile_pointers(p, item, shape, ahead, ahead_n, ahead_k, ahead_v);
-      prefetch_rows(ahead_k, ahead_n, row_bytes);
-      prefetch_rows(ahead_v, ahead_n, row_bytes);
+      prefetch_rows<kKeepInL1>(ahead_k, ahead_n, row_bytes);
+      prefetch_rows<kKeepInL1>(ahead_v, ahead_n, row_bytes);
+    }
+    const int far = t0 + kFarPrefetchTiles * kTileKeys;
+    if (far < hi) {
+      const int far_n = std::min(kTileKeys, hi - far);
+      tile_pointers(p, item, shape, far, far_n, ahead_k, ahead_v);
+      prefetch_rows<kKeepInL2>(ahead_k, far_n, row_bytes);
+      prefetch_rows<kKeepInL2>(ahead_v, far_n, row_bytes);
     }
 #if HWY_TARGET == HWY_AVX3
     if (bf16_dot) {
       ScoresTransposedBf16(sc, shape.rows, d_size, n, k_rows, p.scale);
+    } else if (decode_dot) {
+      if constexpr (kDecodeDotKv) ScoresDecodeBf16<KV>(sc, shape.rows, d_size, n, k_rows, p.scale * k_scale);
     } else if (packed) {
       scores_transposed<KV>(d, sc, shape.rows, d_size, n, k_rows);
     } else if (full_vectors) {
@@ -720,6 +963,14 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
 #endif
       accumulate_pv<KV>(d, sc, shape.rows, d_size, n, nullptr);
     } else {
+#if HWY_TARGET == HWY_AVX3
+      if constexpr (kDecodeDotKv) {
+        if (decode_dot) {
+          AccumulatePvDecodeBf16<KV>(sc, shape.rows, d_size, n, v_rows);
+          continue;
+        }
+      }
+#endif
       accumulate_pv<KV>(d, sc, shape.rows, d_size, n, v_rows);
     }
   }
