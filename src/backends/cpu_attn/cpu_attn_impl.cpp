@@ -1,6 +1,7 @@
 #include "backends/cpu_attn/cpu_attn_impl.h"
 
 #include <pagedattn/error.h>
+#include <pagedattn/impl_checks.h>
 #include <pagedattn/ops.h>
 
 #include "backends/cpu_attn/cpu_attn_metadata.h"
@@ -50,57 +51,6 @@ cpu_attn::CacheOperand cache_operand(const TensorView& t) {  // [NB, BS, Hkv, D]
   return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-void check_rows(const TensorView& t, std::string_view name, DType dtype, std::int64_t min_rows, std::int64_t heads,
-                std::int64_t head_size) {
-  check_device(t, kWhere, name, Device::cpu());
-  check_dtype(t, kWhere, name, dtype);
-  check_rank(t, kWhere, name, 3);
-  check_arg(t.size(0) >= min_rows, kWhere, fmt::format("{}.size(0)", name), fmt::format(">= {}", min_rows),
-            t.size(0));
-  check_size(t, 1, kWhere, name, heads);
-  check_size(t, 2, kWhere, name, head_size);
-  check_last_dim_contiguous(t, kWhere, name);
-}
-
-void check_cache_half(const TensorView& t, std::string_view name, DType dtype, int block_size, int kv_heads,
-                      int head_size) {
-  check_device(t, kWhere, name, Device::cpu());
-  check_dtype(t, kWhere, name, dtype);
-  check_rank(t, kWhere, name, 4);
-  check_size(t, 1, kWhere, name, block_size);
-  check_size(t, 2, kWhere, name, kv_heads);
-  check_size(t, 3, kWhere, name, head_size);
-  check_last_dim_contiguous(t, kWhere, name);
-}
-
-// Every block a request reads must exist (the kernel does not bounds-check).
-void check_block_table(const CommonAttentionMetadata& common, std::int64_t num_blocks) {
-  const std::int64_t row_len = common.block_table_cpu.size(1);
-  for (int r = 0; r < common.num_reqs; ++r) {
-    const std::int64_t needed = (static_cast<std::int64_t>(common.seq_len(r)) + common.block_size - 1) / common.block_size;
-    check_arg(needed <= row_len, kWhere, fmt::format("block_table row {}", r), fmt::format(">= {} entries", needed),
-              row_len);
-    const auto row = common.block_table_host_row(r);
-    for (std::int64_t b = 0; b < needed; ++b) {
-      const std::int32_t id = row[static_cast<std::size_t>(b)];
-      check_arg(id >= 0 && id < num_blocks, kWhere, fmt::format("block_table[{}][{}]", r, b),
-                fmt::format("in [0, {})", num_blocks), id);
-    }
-  }
-}
-
-// [1] (per tensor) or [Hkv] (per KV head) f32 scales; returns whether per head.
-bool check_scale(const Tensor& scale, std::string_view name, int kv_heads) {
-  check_arg(scale.defined(), kWhere, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache", "undefined");
-  check_device(scale, kWhere, name, Device::cpu());
-  check_dtype(scale, kWhere, name, DType::F32);
-  check_rank(scale, kWhere, name, 1);
-  check_arg(scale.size(0) == 1 || scale.size(0) == kv_heads, kWhere, fmt::format("{}.size(0)", name),
-            fmt::format("1 or {}", kv_heads), scale.size(0));
-  check_arg(scale.is_contiguous(), kWhere, name, "contiguous", scale.describe());
-  return scale.size(0) > 1;
-}
-
 }  // namespace
 
 void apply_cpu_isa_from_env() {
@@ -122,12 +72,7 @@ CpuAttnImpl::CpuAttnImpl(AttentionImplParams params)
       kv_storage_dtype_(kv_cache_storage_dtype(params_.kv_cache_dtype, params_.dtype)),
       dense_keys_(params_.attn_type == AttentionType::Encoder || params_.attn_type == AttentionType::EncoderOnly) {
   apply_cpu_isa_from_env();
-  check_arg(params_.alibi_slopes.empty() || static_cast<int>(params_.alibi_slopes.size()) == params_.num_heads,
-            "CpuAttnImpl", "alibi_slopes size", params_.num_heads, params_.alibi_slopes.size());
-  check_arg(params_.sinks.empty() || static_cast<int>(params_.sinks.size()) == params_.num_heads, "CpuAttnImpl",
-            "sinks size", params_.num_heads, params_.sinks.size());
-  check_arg(!params_.sliding_window || *params_.sliding_window > 0, "CpuAttnImpl", "sliding_window", "> 0",
-            params_.sliding_window.value_or(0));
+  check_impl_params("CpuAttnImpl", params_);
 }
 
 void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
@@ -140,18 +85,11 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
   const int num_heads = params_.num_heads;
   const int kv_heads = params_.num_kv_heads;
   const int head_size = params_.head_size;
-  const int tokens = common.num_actual_tokens;
   check_arg(md->num_kv_heads == kv_heads, kWhere, "metadata num_kv_heads", kv_heads, md->num_kv_heads);
 
-  check_rows(query, "query", params_.dtype, tokens, num_heads, head_size);
-  check_rows(output, "output", params_.dtype, tokens, num_heads, head_size);
-  if (lse.defined()) {
-    check_device(lse, kWhere, "lse", Device::cpu());
-    check_dtype(lse, kWhere, "lse", DType::F32);
-    check_rank(lse, kWhere, "lse", 2);
-    check_size(lse, 0, kWhere, "lse", num_heads);
-    check_arg(lse.size(1) >= tokens, kWhere, "lse.size(1)", fmt::format(">= {}", tokens), lse.size(1));
-  }
+  const DType output_dtypes[] = {params_.dtype};
+  const ForwardShape shape = check_forward_args(kWhere, params_, Device::cpu(), layer, query, key, value, kv_cache,
+                                                common, output, lse, output_dtypes);
 
   cpu_attn::AttentionParams p;
   p.num_heads = num_heads;
@@ -171,19 +109,11 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
   p.query = rows_operand(query);
 
   if (dense_keys_) {
-    check_rows(key, "key", params_.dtype, tokens, kv_heads, head_size);
-    check_rows(value, "value", params_.dtype, tokens, kv_heads, head_size);
     p.key_source = cpu_attn::KeySource::DenseRows;
     p.key = rows_operand(key);
     p.value = rows_operand(value);
     p.kv_dtype = params_.dtype;
   } else {
-    check_arg(kv_cache.defined(), kWhere, "kv_cache", "a paged KV cache", "undefined");
-    check_cache_half(kv_cache.key, "key_cache", kv_storage_dtype_, common.block_size, kv_heads, head_size);
-    check_cache_half(kv_cache.value, "value_cache", kv_storage_dtype_, common.block_size, kv_heads, head_size);
-    check_arg(kv_cache.value.size(0) == kv_cache.key.size(0), kWhere, "value_cache.size(0)", kv_cache.key.size(0),
-              kv_cache.value.size(0));
-    check_block_table(common, kv_cache.num_blocks());
     p.key_source = cpu_attn::KeySource::PagedCache;
     p.block_table = common.block_table_cpu.data_as<const std::int32_t>();
     p.block_table_row_stride = common.block_table_cpu.stride(0);
@@ -191,14 +121,10 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
     p.key_cache = cache_operand(kv_cache.key);
     p.value_cache = cache_operand(kv_cache.value);
     p.kv_dtype = kv_storage_dtype_;
-    if (is_fp8(kv_storage_dtype_)) {
-      const bool k_per_head = check_scale(layer.k_scale, "k_scale", kv_heads);
-      const bool v_per_head = check_scale(layer.v_scale, "v_scale", kv_heads);
-      check_arg(k_per_head == v_per_head, kWhere, "v_scale shape", layer.k_scale.shape().str(),
-                layer.v_scale.shape().str());
+    if (shape.fp8) {
       p.k_scale = layer.k_scale.data_as<const float>();
       p.v_scale = layer.v_scale.data_as<const float>();
-      p.per_head_kv_scales = k_per_head;
+      p.per_head_kv_scales = shape.per_head_kv_scales;
     }
   }
   p.output = output.data();
