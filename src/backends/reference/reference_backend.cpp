@@ -57,6 +57,7 @@ class ReferenceImpl final : public AttentionImpl {
 
  private:
   const ReferenceBackend& backend_;
+  std::vector<double> scratch_;  // the kernel's working rows, sized by the largest call so far
 };
 
 void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
@@ -126,10 +127,11 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
     k.lse_token_stride = lse.stride(1);
   }
 
-  // Host scratch: this backend runs on the CPU and is never graph-captured.
-  std::vector<double> scratch(reference::reference_attention_scratch_len(k));
-  k.scratch = scratch.data();
-  k.scratch_len = scratch.size();
+  // Grown once and reused, so steady-state forwards allocate nothing.
+  const std::size_t scratch_len = reference::reference_attention_scratch_len(k);
+  if (scratch_.size() < scratch_len) scratch_.resize(scratch_len);
+  k.scratch = scratch_.data();
+  k.scratch_len = scratch_.size();
   if (const auto status = reference::reference_attention(k); status != reference::ReferenceStatus::Ok) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("{}: kernel rejected the batch: {}", kForwardWhere,
                                                         reference::reference_status_name(status)));
