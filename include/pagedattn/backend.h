@@ -147,6 +147,7 @@ struct BuilderParams {
   int head_size = 0;
   Device device = Device::cpu();
   std::vector<std::string> layer_names;
+  int num_heads = 0;  // the largest query-head count of the layers; 0 = unknown
 };
 
 class AttentionMetadataBuilder {

@@ -104,6 +104,7 @@ Workload make_workload(const BenchConfig& c, const AttentionBackend& backend) {
   w.builder.block_size = c.block_size;
   w.builder.num_kv_heads = c.num_kv_heads;
   w.builder.head_size = c.head_size;
+  w.builder.num_heads = c.num_heads;
   return w;
 }
 

@@ -731,6 +731,7 @@ CaseResult CaseRun::run() {
   builder_params.block_size = c_.block_size;
   builder_params.num_kv_heads = c_.num_kv_heads;
   builder_params.head_size = c_.head_size;
+  builder_params.num_heads = c_.num_heads;
   builder_params.device = device_;
   builder_params.layer_names = {std::string(kLayerName)};
   builder_ = backend_.make_builder(builder_params);

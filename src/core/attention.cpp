@@ -547,7 +547,10 @@ ModelMetadataBuilder::ModelMetadataBuilder(const ModelContext& model, std::vecto
     params.num_kv_heads = first.num_kv_heads();
     params.head_size = first.head_size();
     params.device = model.device();
-    for (const Attention* layer : group.layers) params.layer_names.push_back(layer->layer_name());
+    for (const Attention* layer : group.layers) {
+      params.layer_names.push_back(layer->layer_name());
+      params.num_heads = std::max(params.num_heads, layer->num_heads());
+    }
     group.builder = first.backend().make_builder(params);
     check_arg(group.builder != nullptr, "ModelMetadataBuilder",
               fmt::format("backend {} builder", first.backend().name()), "a builder", "null");

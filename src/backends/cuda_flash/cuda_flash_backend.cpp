@@ -54,7 +54,10 @@ KernelPlan CudaFlashBackend::plan_kernel(const AttentionProblem& problem) const 
   // Upper bound for the batch shape: every item split kMaxSplits ways.
   if (problem.num_tokens > 0) {
     const std::int64_t max_items =
-        static_cast<std::int64_t>(problem.num_reqs + problem.num_tokens / cuda_flash::kPrefillTokens + 1) *
+        static_cast<std::int64_t>(problem.num_reqs +
+                                  problem.num_tokens / cuda_flash::prefill_tokens_per_item(
+                                                           problem.num_heads / problem.num_kv_heads) +
+                                  1) *
         cuda_flash::kMaxSplits;
     const std::int64_t blocks_per_seq =
         problem.block_size > 0 ? (problem.max_seq_len + problem.block_size - 1) / problem.block_size : 0;

@@ -139,7 +139,7 @@ TEST_F(CudaFlashTest, MixedAndSplitBatchesMatchReference) {
                                              {t, kHeads, kHeadSize}, DType::BF16);
     const auto [want_out, want_lse] = reference_run(f, batch, query);
     auto impl = flash.make_impl(impl_params(Device::cuda()));
-    auto builder = flash.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cuda(), {}});
+    auto builder = flash.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cuda(), {}, kHeads});
     const auto md = builder->build(make_common_metadata(f.specs(batch), {kBlockSize, true, Device::cuda(), 0}));
     Tensor out = Tensor::zeros({t, kHeads, kHeadSize}, DType::BF16, Device::cuda());
     Tensor lse = Tensor::zeros({kHeads, t}, DType::F32, Device::cuda());
@@ -160,7 +160,7 @@ void check_graph_replay(const Fixture& f, const Batch& captured, const Batch& re
                                            {t, kHeads, kHeadSize}, DType::BF16, Device::cuda());
   const KVCacheView cache = flash.unbind_kv_cache(f.cache_gpu);
   auto impl = flash.make_impl(impl_params(Device::cuda()));
-  auto builder = flash.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cuda(), {}});
+  auto builder = flash.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cuda(), {}, kHeads});
   const auto common_a = make_common_metadata(f.specs(captured), {kBlockSize, true, Device::cuda(), 0});
   const auto common_b = make_common_metadata(f.specs(replayed), {kBlockSize, true, Device::cuda(), 0});
   Tensor eager = Tensor::zeros({t, kHeads, kHeadSize}, DType::BF16, Device::cuda());

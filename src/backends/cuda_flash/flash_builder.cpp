@@ -90,7 +90,9 @@ class FlashBuilder final : public AttentionMetadataBuilder {
                 fmt::format("the builder's block_size ({})", params_.block_size), common.block_size);
     }
     cuda::DeviceGuard guard(params_.device.index);
-    const StepPlan plan = plan_step({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_});
+    const int group = params_.num_heads > 0 ? params_.num_heads / params_.num_kv_heads : 1;
+    const StepPlan plan =
+        plan_step({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group});
 
     const TensorView& bt = common.block_table_cpu;
     const std::int64_t bt_rows = bt.defined() ? bt.size(0) : 0;

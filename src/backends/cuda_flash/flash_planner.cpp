@@ -14,10 +14,13 @@ int ceil_div(std::int64_t a, std::int64_t b) { return static_cast<int>((a + b - 
 
 }  // namespace
 
+int prefill_tokens_per_item(int group) { return std::max(1, kPrefillRows / std::max(group, 1)); }
+
 int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms) {
   const std::int64_t slots = static_cast<std::int64_t>(std::max(num_sms, 1)) * kTargetCtasPerSm;
   if (base_ctas <= 0 || base_ctas >= slots || kv_len <= kMinKeysPerSplit) return 1;
-  const int by_fill = ceil_div(slots, base_ctas);
+  // Rounded down: one full wave of CTAs, not a wave and a sliver.
+  const auto by_fill = static_cast<int>(slots / base_ctas);
   const int by_keys = ceil_div(kv_len, kMinKeysPerSplit);
   return std::clamp(std::min(by_fill, by_keys), 1, kMaxSplits);
 }
@@ -29,6 +32,7 @@ StepPlan plan_step(const PlanInputs& in) {
     int req, token_begin, num_tokens, position_begin, kv_len, mode;
   };
   std::vector<Tile> tiles;
+  const int per_item = prefill_tokens_per_item(in.group);
   for (int r = 0; r < num_reqs; ++r) {
     const int q_begin = in.query_start_loc[static_cast<std::size_t>(r)];
     const int q_len = in.query_start_loc[static_cast<std::size_t>(r) + 1] - q_begin;
@@ -39,8 +43,8 @@ StepPlan plan_step(const PlanInputs& in) {
       tiles.push_back({r, q_begin, q_len, context, seq_len, static_cast<int>(TileMode::Decode)});
       continue;
     }
-    for (int t = 0; t < q_len; t += kPrefillTokens) {
-      const int n = std::min(kPrefillTokens, q_len - t);
+    for (int t = 0; t < q_len; t += per_item) {
+      const int n = std::min(per_item, q_len - t);
       tiles.push_back({r, q_begin + t, n, context + t, seq_len, static_cast<int>(TileMode::Prefill)});
     }
   }

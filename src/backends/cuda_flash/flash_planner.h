@@ -14,11 +14,9 @@
 namespace pagedattn::cuda_flash {
 
 // Requests with at most this many query tokens run as decode items (the 4
-// warps split the keys); longer ones as prefill items of kPrefillTokens.
+// warps split the keys); longer ones as prefill items of
+// prefill_tokens_per_item(group) tokens.
 inline constexpr int kDecodeMaxTokens = 4;
-// Query tokens per prefill item: 64 packed rows for MHA; with G query heads
-// per KV head the CTA makes G passes of 64 rows (any G is correct).
-inline constexpr int kPrefillTokens = 64;
 // Splits are at least this many keys, and at most kMaxSplits per item.
 inline constexpr int kMinKeysPerSplit = 256;
 inline constexpr int kMaxSplits = 64;
@@ -30,7 +28,13 @@ struct PlanInputs {
   std::span<const std::int32_t> seq_lens;         // [B]
   int num_kv_heads = 0;
   int num_sms = 0;
+  int group = 1;  // query heads per KV head (the largest of the step's layers)
 };
+
+// Query tokens per prefill item: one pass of kPrefillRows packed rows (the G
+// query heads of a token share a pass), so the work spreads over as many CTAs
+// as it can; at least one token (G > kPrefillRows makes several passes).
+int prefill_tokens_per_item(int group);
 
 struct StepPlan {
   std::vector<WorkItem> items;       // heaviest first

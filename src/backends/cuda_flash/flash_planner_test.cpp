@@ -26,8 +26,8 @@ struct Batch {
   }
 };
 
-StepPlan plan(const Batch& b, int num_kv_heads = 8, int num_sms = kH200Sms) {
-  return plan_step({b.query_start_loc, b.seq_lens, num_kv_heads, num_sms});
+StepPlan plan(const Batch& b, int num_kv_heads = 8, int num_sms = kH200Sms, int group = 4) {
+  return plan_step({b.query_start_loc, b.seq_lens, num_kv_heads, num_sms, group});
 }
 
 // Every (request, token range) is covered by splits that tile [0, seq_len) exactly once.
@@ -69,7 +69,10 @@ TEST(FlashPlannerTest, FewLongDecodesAreSplitToFillTheMachine) {
   ASSERT_EQ(p.combine.size(), 8u);
   const int splits = p.combine.front().num_splits;
   EXPECT_EQ(splits, choose_num_splits(64, 32768, kH200Sms));
-  EXPECT_GE(static_cast<std::int64_t>(p.items.size()) * 8, kH200Sms * kTargetCtasPerSm);
+  // One full wave: at most one CTA per slot, and more than half the slots busy.
+  const std::int64_t ctas = static_cast<std::int64_t>(p.items.size()) * 8;
+  EXPECT_LE(ctas, kH200Sms * kTargetCtasPerSm);
+  EXPECT_GT(2 * ctas, kH200Sms * kTargetCtasPerSm);
   EXPECT_EQ(p.partial_token_rows, 8 * splits);
   for (const WorkItem& w : p.items) EXPECT_EQ(w.kv_begin % kBlockN, 0);
   expect_exact_cover(p, b);
@@ -90,14 +93,14 @@ TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {
   for (const WorkItem& w : p.items) {
     if (w.mode == static_cast<int>(TileMode::Prefill)) {
       ++prefill;
-      EXPECT_EQ(w.num_tokens, kPrefillTokens);
+      EXPECT_EQ(w.num_tokens, kPrefillRows / 4);
       EXPECT_EQ(w.position_begin, 2048 + (w.token_begin - 0));
     } else {
       ++decode;
       EXPECT_EQ(w.position_begin, 4095);
     }
   }
-  EXPECT_EQ(prefill, 2048 / kPrefillTokens);
+  EXPECT_EQ(prefill, 2048 / (kPrefillRows / 4));
   EXPECT_EQ(decode, 63);
   // Heaviest first.
   for (std::size_t i = 1; i < p.items.size(); ++i) {
@@ -105,6 +108,20 @@ TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {
               static_cast<std::int64_t>(p.items[i].num_tokens) * (p.items[i].kv_end - p.items[i].kv_begin));
   }
   expect_exact_cover(p, b);
+}
+
+TEST(FlashPlannerTest, PrefillItemsHoldOnePassOfPackedRows) {
+  EXPECT_EQ(prefill_tokens_per_item(1), kPrefillRows);
+  EXPECT_EQ(prefill_tokens_per_item(4), kPrefillRows / 4);
+  EXPECT_EQ(prefill_tokens_per_item(kPrefillRows * 2), 1);
+  EXPECT_EQ(prefill_tokens_per_item(0), kPrefillRows);
+  const Batch b = Batch().add(100, 100);
+  const StepPlan mha = plan(b, 8, kH200Sms, 1);
+  EXPECT_EQ(mha.items.size(), 2u);  // 64 + 36 tokens
+  expect_exact_cover(mha, b);
+  const StepPlan gqa = plan(b, 8, kH200Sms, 8);
+  EXPECT_EQ(gqa.items.size(), 13u);  // 12 x 8 + 4 tokens
+  expect_exact_cover(gqa, b);
 }
 
 TEST(FlashPlannerTest, EmptyRequestsAndShortTails) {

@@ -136,7 +136,7 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const Attenti
   params.dtype = *dtype;
   params.device = gpu;
   auto impl = backend.make_impl(params);
-  auto builder = backend.make_builder({o.block_size, o.num_kv_heads, o.head_size, gpu, {}});
+  auto builder = backend.make_builder({o.block_size, o.num_kv_heads, o.head_size, gpu, {}, o.num_heads});
   std::shared_ptr<const BackendMetadata> md = builder->build(common);
   impl->forward(layer, query, {}, {}, kv_view, *md, out, {});
   check(cudaDeviceSynchronize(), "forward");

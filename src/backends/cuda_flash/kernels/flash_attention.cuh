@@ -41,10 +41,9 @@ struct Shape {
   static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
   static constexpr int kMLBytes = kWarps * kMmaRows * 2 * 4;
   static constexpr int kSmemBytes = kQBytes + kBodyBytes + kMLBytes;
-  // Each thread copies one fixed 8-element column (tid % kChunks) of
-  // kKeysPerThread keys of a tile, kKeyStep apart.
+  // Each thread copies one fixed 8-element column (tid % kChunks) of a run of
+  // kKeysPerThread consecutive keys of a tile (run tid / kChunks).
   static constexpr int kKeysPerThread = kBlockN * kChunks / kThreads;
-  static constexpr int kKeyStep = kThreads / kChunks;
   static_assert(kThreads % kChunks == 0, "a thread's column must not change between its keys");
 };
 
@@ -74,17 +73,12 @@ __device__ __forceinline__ PassRange pass_range(const FlashParams& p, const Work
   return {lo, hi};
 }
 
-// Element offset of key j's row (head `kv_head`, chunk `ch`) in K or V, given
-// the block id loaded ahead for it (ignored for dense K/V).
-__device__ __forceinline__ std::int64_t kv_offset(const FlashParams& p, const WorkItem& item, std::int32_t block,
-                                                  int kv_head, int j, int ch, std::int64_t block_stride,
-                                                  std::int64_t slot_stride, std::int64_t head_stride) {
-  if (p.dense_kv) {
-    return static_cast<std::int64_t>(item.kv_row_begin + j) * slot_stride + kv_head * head_stride + ch * kChunkElems;
-  }
-  return block * block_stride + static_cast<std::int64_t>(j % p.block_size) * slot_stride + kv_head * head_stride +
-         ch * kChunkElems;
-}
+// Where a thread's run of consecutive keys in a tile starts: the physical
+// block (-1 = read nothing) and the slot of the run's first key.
+struct RunStart {
+  std::int32_t block;
+  std::int32_t slot;
+};
 
 // One pass: up to kRows packed query rows of an item against its key range.
 template <int kHC, typename T, bool kDecode>
@@ -119,7 +113,10 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   cp_async_commit();
 
   const PassRange range = pass_range(p, item, group, row0, rows);
-  const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - range.kv_lo + kBlockN - 1) / kBlockN : 0;
+  // Tiles lie on the absolute 64-key grid, so a run of keys never straddles a
+  // block whose size is a multiple of the run length.
+  const int tile_lo = range.kv_lo - range.kv_lo % kBlockN;
+  const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - tile_lo + kBlockN - 1) / kBlockN : 0;
 
   // ---- this thread's two rows (g and g + 8 of the warp's 16) ----
   const int row_base = kDecode ? 0 : warp * kMmaRows;
@@ -135,8 +132,14 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     const int head = kv_head * group + row % group;
     slope[i] = (p.alibi_slopes != nullptr && row_base + g + 8 * i < rows) ? p.alibi_slopes[head] : 0.0f;
   }
+  // Positions of the warp's first and last row (rows past `rows` included:
+  // only ever makes the whole-block test below stricter).
+  const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
+  const int warp_pos_hi = item.position_begin + (row0 + row_base + kMmaRows - 1) / group;
+  const bool plain_scores = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr;
   const float k_scale = fp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
   const float qk_scale = p.softmax_scale * k_scale;
+  const float qk_scale_log2 = qk_scale * kLog2e;
 
   float o[S::kDTiles][4];
 #pragma unroll
@@ -144,91 +147,112 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
   float l[2] = {0.0f, 0.0f};
 
-  const char* k_bytes = static_cast<const char*>(p.key);
-  const char* v_bytes = static_cast<const char*>(p.value);
-  const std::size_t kv_elem = fp8 ? 1 : 2;
-
-  // Block ids of this thread's keys in the next tile to load, fetched one
-  // iteration ahead so their latency hides behind the current tile (-1 = do
-  // not read: past the range, or an out-of-range block).
+  // This thread copies one 16-byte column (my_ch) of kKeysPerThread
+  // consecutive keys of every tile. When a run cannot straddle a block, it
+  // costs one block-table load and one address; its keys then follow at the
+  // slot stride (dense K/V is one endless block). Other block sizes look up
+  // every key.
   const int my_ch = tid % S::kChunks;
-  const int my_key = tid / S::kChunks;
+  const int my_run = tid / S::kChunks;
   const bool my_col = my_ch * kChunkElems < head_size;
-  std::int32_t ids[S::kKeysPerThread];
-  const auto load_ids = [&](int t) {
-    const int k0 = range.kv_lo + t * kBlockN;
-#pragma unroll
-    for (int i = 0; i < S::kKeysPerThread; ++i) {
-      const int j = k0 + my_key + i * S::kKeyStep;
-      std::int32_t id = -1;
-      if (j < range.kv_hi) {
-        id = p.dense_kv ? 0 : p.block_table[static_cast<std::int64_t>(item.req) * bt_stride + j / p.block_size];
-        if (id >= p.num_blocks && !p.dense_kv) id = -1;
+  const bool runs_in_block = p.dense_kv || p.block_size % S::kKeysPerThread == 0;
+  const std::int64_t kv_elem = fp8 ? 1 : 2;
+  const char* k_col = static_cast<const char*>(p.key) + (kv_head * p.k_head_stride + my_ch * kChunkElems) * kv_elem;
+  const char* v_col = static_cast<const char*>(p.value) + (kv_head * p.v_head_stride + my_ch * kChunkElems) * kv_elem;
+  const std::int64_t k_block_bytes = p.k_block_stride * kv_elem;
+  const std::int64_t v_block_bytes = p.v_block_stride * kv_elem;
+  const std::int64_t k_slot_bytes = p.k_slot_stride * kv_elem;
+  const std::int64_t v_slot_bytes = p.v_slot_stride * kv_elem;
+  const std::int32_t* bt_row = p.dense_kv ? nullptr : p.block_table + static_cast<std::int64_t>(item.req) * bt_stride;
+  const auto run_first_key = [&](int t) { return tile_lo + t * kBlockN + my_run * S::kKeysPerThread; };
+
+  const auto locate = [&](int t) {
+    const int j = run_first_key(t);
+    RunStart r{-1, 0};
+    if (runs_in_block && my_col && j < range.kv_hi && j + S::kKeysPerThread > range.kv_lo) {
+      if (p.dense_kv) {
+        r = {0, item.kv_row_begin + j};
+      } else {
+        const int b = j / p.block_size;
+        const std::int32_t id = bt_row[b];
+        r = {id < p.num_blocks ? id : -1, j - b * p.block_size};
       }
-      ids[i] = id;
+    }
+    return r;
+  };
+
+  // Calls f(i, valid, k_src, v_src) for key i of this thread's run in tile t.
+  const auto walk_run = [&](int t, RunStart run, auto&& f) {
+    const int j0 = run_first_key(t);
+    if (runs_in_block) {
+      const char* k_src = k_col + run.block * k_block_bytes + run.slot * k_slot_bytes;
+      const char* v_src = v_col + run.block * v_block_bytes + run.slot * v_slot_bytes;
+#pragma unroll
+      for (int i = 0; i < S::kKeysPerThread; ++i) {
+        const int j = j0 + i;
+        const bool valid = run.block >= 0 && j >= range.kv_lo && j < range.kv_hi;
+        f(i, valid, valid ? k_src : k_col, valid ? v_src : v_col);
+        k_src += k_slot_bytes;
+        v_src += v_slot_bytes;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < S::kKeysPerThread; ++i) {
+        const int j = j0 + i;
+        const int b = j / p.block_size;
+        std::int32_t id = -1;
+        if (my_col && j >= range.kv_lo && j < range.kv_hi) {
+          id = bt_row[b];
+          if (id >= p.num_blocks) id = -1;
+        }
+        const bool valid = id >= 0;
+        const std::int64_t slot = j - b * p.block_size;
+        f(i, valid, valid ? k_col + id * k_block_bytes + slot * k_slot_bytes : k_col,
+          valid ? v_col + id * v_block_bytes + slot * v_slot_bytes : v_col);
+      }
     }
   };
 
-  const auto issue_tile = [&](int t, int buf) {
-    T* k_dst = kv_s + buf * 2 * S::kTileElems;
+  const auto issue_tile = [&](int t, int buf, RunStart run) {
+    T* k_dst = kv_s + buf * 2 * S::kTileElems + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
     T* v_dst = k_dst + S::kTileElems;
-    const int k0 = range.kv_lo + t * kBlockN;
-#pragma unroll
-    for (int i = 0; i < S::kKeysPerThread; ++i) {
-      const int key = my_key + i * S::kKeyStep;
-      const int j = k0 + key;
-      const bool valid = my_col && ids[i] >= 0;
-      const std::int64_t ko =
-          valid ? kv_offset(p, item, ids[i], kv_head, j, my_ch, p.k_block_stride, p.k_slot_stride, p.k_head_stride) : 0;
-      const std::int64_t vo =
-          valid ? kv_offset(p, item, ids[i], kv_head, j, my_ch, p.v_block_stride, p.v_slot_stride, p.v_head_stride) : 0;
-      cp_async_16(k_dst + key * S::kStride + my_ch * kChunkElems, k_bytes + ko * 2, valid);
-      cp_async_16(v_dst + key * S::kStride + my_ch * kChunkElems, v_bytes + vo * 2, valid);
-    }
+    walk_run(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+      cp_async_16(k_dst + i * S::kStride, k_src, valid);
+      cp_async_16(v_dst + i * S::kStride, v_src, valid);
+    });
   };
 
   uint2 k_regs[S::kKeysPerThread];
   uint2 v_regs[S::kKeysPerThread];
-  const auto fetch_fp8 = [&](int t) {
-    const int k0 = range.kv_lo + t * kBlockN;
-#pragma unroll
-    for (int i = 0; i < S::kKeysPerThread; ++i) {
-      const int j = k0 + my_key + i * S::kKeyStep;
-      k_regs[i] = make_uint2(0u, 0u);
-      v_regs[i] = make_uint2(0u, 0u);
-      if (my_col && ids[i] >= 0) {
-        const std::int64_t ko =
-            kv_offset(p, item, ids[i], kv_head, j, my_ch, p.k_block_stride, p.k_slot_stride, p.k_head_stride);
-        const std::int64_t vo =
-            kv_offset(p, item, ids[i], kv_head, j, my_ch, p.v_block_stride, p.v_slot_stride, p.v_head_stride);
-        k_regs[i] = __ldg(reinterpret_cast<const uint2*>(k_bytes + ko * kv_elem));
-        v_regs[i] = __ldg(reinterpret_cast<const uint2*>(v_bytes + vo * kv_elem));
-      }
-    }
+  const auto fetch_fp8 = [&](int t, RunStart run) {
+    walk_run(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+      k_regs[i] = valid ? __ldg(reinterpret_cast<const uint2*>(k_src)) : make_uint2(0u, 0u);
+      v_regs[i] = valid ? __ldg(reinterpret_cast<const uint2*>(v_src)) : make_uint2(0u, 0u);
+    });
   };
   const auto commit_fp8 = [&](int buf) {
-    T* k_dst = kv_s + buf * 2 * S::kTileElems;
+    T* k_dst = kv_s + buf * 2 * S::kTileElems + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
     T* v_dst = k_dst + S::kTileElems;
 #pragma unroll
     for (int i = 0; i < S::kKeysPerThread; ++i) {
-      const int off = (my_key + i * S::kKeyStep) * S::kStride + my_ch * kChunkElems;
-      *reinterpret_cast<uint4*>(k_dst + off) = fp8x8_convert<T>(k_regs[i], fp8_kind);
-      *reinterpret_cast<uint4*>(v_dst + off) = fp8x8_convert<T>(v_regs[i], fp8_kind);
+      *reinterpret_cast<uint4*>(k_dst + i * S::kStride) = fp8x8_convert<T>(k_regs[i], fp8_kind);
+      *reinterpret_cast<uint4*>(v_dst + i * S::kStride) = fp8x8_convert<T>(v_regs[i], fp8_kind);
     }
   };
   // Starts loading tile t into `buf` (cp.async, or fp8 into registers). With
-  // two stages the block ids of tile t + 1 are loaded right after, to land
-  // while tile t is computed; the one-stage (largest head) class has no
-  // registers to spare across the compute and loads them just before use.
+  // two stages the run start of tile t + 1 is looked up right after, to land
+  // while tile t is computed; the one-stage (largest head) class looks it up
+  // just before use.
+  RunStart run{-1, 0};
   const auto start_tile = [&](int t, int buf) {
-    if (S::kStages == 1) load_ids(t);
+    if (S::kStages == 1) run = locate(t);
     if (fp8) {
-      fetch_fp8(t);
+      fetch_fp8(t, run);
     } else {
-      issue_tile(t, buf);
+      issue_tile(t, buf, run);
       cp_async_commit();
     }
-    if (S::kStages == 2 && t + 1 < num_tiles) load_ids(t + 1);
+    if (S::kStages == 2 && t + 1 < num_tiles) run = locate(t + 1);
   };
 
   const auto compute_tile = [&](int t, int buf) {
@@ -236,7 +260,8 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     const T* k_s = kv_s + buf * 2 * S::kTileElems;
     const T* v_s = k_s + S::kTileElems;
     const int key_base = kDecode ? warp * kWarpKeys : 0;
-    const int k0 = range.kv_lo + t * kBlockN + key_base;
+    const int k0 = tile_lo + t * kBlockN + key_base;
+    const int k_last = k0 + kWarpKeys - 1;
     float s[kNT][4];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -256,26 +281,46 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
         }
       }
     }
-    // Scale, soft cap, ALiBi, masks; then the online softmax in the log2 domain.
+    // A block whose every (row, key) is visible with plain scores only needs
+    // the scale; the rest take scale, soft cap, ALiBi and the masks. Then the
+    // online softmax, in the log2 domain.
+    bool whole = plain_scores && k0 >= range.kv_lo && k_last < range.kv_hi;
+    if (p.mask == static_cast<int>(MaskKind::Causal)) whole = whole && k_last <= warp_pos_lo;
+    if (p.window_kind == static_cast<int>(WindowKind::Left)) {
+      whole = whole && k0 > warp_pos_hi - p.window && k_last <= warp_pos_lo;
+    } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
+      whole = whole && k0 > warp_pos_hi - p.window && k_last < warp_pos_lo + p.window;
+    }
     float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    if (whole) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
+      for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = c >> 1;
-        const int j = k0 + nt * 8 + 2 * tig + (c & 1);
-        float x = s[nt][c] * qk_scale;
-        if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
-        x += slope[i] * static_cast<float>(j - pos[i]);
-        bool visible = j < range.kv_hi;
-        if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= pos[i];
-        if (p.window_kind == static_cast<int>(WindowKind::Left)) {
-          visible = visible && j > pos[i] - p.window && j <= pos[i];
-        } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
-          visible = visible && j > pos[i] - p.window && j < pos[i] + p.window;
+        for (int c = 0; c < 4; ++c) {
+          s[nt][c] *= qk_scale_log2;
+          tile_max[c >> 1] = fmaxf(tile_max[c >> 1], s[nt][c]);
         }
-        s[nt][c] = visible ? x * kLog2e : -CUDART_INF_F;
-        tile_max[i] = fmaxf(tile_max[i], s[nt][c]);
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = c >> 1;
+          const int j = k0 + nt * 8 + 2 * tig + (c & 1);
+          float x = s[nt][c] * qk_scale;
+          if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+          x += slope[i] * static_cast<float>(j - pos[i]);
+          bool visible = j >= range.kv_lo && j < range.kv_hi;
+          if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= pos[i];
+          if (p.window_kind == static_cast<int>(WindowKind::Left)) {
+            visible = visible && j > pos[i] - p.window && j <= pos[i];
+          } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
+            visible = visible && j > pos[i] - p.window && j < pos[i] + p.window;
+          }
+          s[nt][c] = visible ? x * kLog2e : -CUDART_INF_F;
+          tile_max[i] = fmaxf(tile_max[i], s[nt][c]);
+        }
       }
     }
 #pragma unroll
@@ -284,7 +329,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
       const float m_new = fmaxf(m[i], tile_max[i]);
       const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;  // all masked so far: avoid inf - inf
-      const float alpha = exp2f(m[i] - m_use);
+      const float alpha = exp2_approx(m[i] - m_use);
       m[i] = m_new;
       l[i] *= alpha;
 #pragma unroll
@@ -294,8 +339,8 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
-        s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
+        s[nt][2 * i] = exp2_approx(s[nt][2 * i] - m_use);
+        s[nt][2 * i + 1] = exp2_approx(s[nt][2 * i + 1] - m_use);
         l[i] += s[nt][2 * i] + s[nt][2 * i + 1];
       }
     }
@@ -322,7 +367,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 
   // ---- the key loop: tile t + 1 in flight while tile t is computed ----
   if (num_tiles > 0) {
-    if (S::kStages == 2) load_ids(0);
+    if (S::kStages == 2) run = locate(0);
     start_tile(0, 0);
     if (fp8) commit_fp8(0);
   }
