@@ -31,9 +31,9 @@ struct PlanInputs {
   int group = 1;  // query heads per KV head (the largest of the step's layers)
 };
 
-// Query tokens per prefill item: one pass of kPrefillRows packed rows (the G
-// query heads of a token share a pass), so the work spreads over as many CTAs
-// as it can; at least one token (G > kPrefillRows makes several passes).
+// Query tokens per prefill item: kPrefillRows packed rows (the G query heads
+// of a token are rows of one item), so the work spreads over as many CTAs as
+// it can; at least one token.
 int prefill_tokens_per_item(int group);
 
 struct StepPlan {

@@ -110,17 +110,19 @@ TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {
   expect_exact_cover(p, b);
 }
 
-TEST(FlashPlannerTest, PrefillItemsHoldOnePassOfPackedRows) {
+TEST(FlashPlannerTest, PrefillItemsHoldKPrefillRowsPackedRows) {
   EXPECT_EQ(prefill_tokens_per_item(1), kPrefillRows);
   EXPECT_EQ(prefill_tokens_per_item(4), kPrefillRows / 4);
   EXPECT_EQ(prefill_tokens_per_item(kPrefillRows * 2), 1);
   EXPECT_EQ(prefill_tokens_per_item(0), kPrefillRows);
-  const Batch b = Batch().add(100, 100);
+  const int q_len = kPrefillRows - 3;  // one MHA item, several GQA items
+  const Batch b = Batch().add(q_len, q_len);
   const StepPlan mha = plan(b, 8, kH200Sms, 1);
-  EXPECT_EQ(mha.items.size(), 2u);  // 64 + 36 tokens
+  EXPECT_EQ(mha.items.size(), 1u);
   expect_exact_cover(mha, b);
   const StepPlan gqa = plan(b, 8, kH200Sms, 8);
-  EXPECT_EQ(gqa.items.size(), 13u);  // 12 x 8 + 4 tokens
+  const int per_item = kPrefillRows / 8;
+  EXPECT_EQ(gqa.items.size(), static_cast<std::size_t>((q_len + per_item - 1) / per_item));
   expect_exact_cover(gqa, b);
 }
 

@@ -25,21 +25,30 @@ inline constexpr int kSmemPad = 8;  // elements per row: ldmatrix rows land on d
 inline constexpr int kMmaRows = 16;
 inline constexpr int kChunkElems = 8;  // 16-byte chunk of 16-bit elements
 
-template <int kHeadClass>
+// kFp8: the cache holds fp8, converted to 16 bits through registers on its
+// way to shared memory (a template parameter because those registers would
+// otherwise stay allocated in the 16-bit kernel too and make it spill).
+template <int kHeadClass, bool kFp8>
 struct Shape {
   static constexpr int kD = kHeadClass;
   static constexpr int kStride = kD + kSmemPad;
   // Double-buffer K/V tiles when both stages fit beside the other CTA of the SM.
   static constexpr int kStages = kD <= 128 ? 2 : 1;
+  // 16-row MMA tiles per warp in a prefill pass: two share every K/V fragment
+  // loaded from shared memory (half the shared-memory reads per MMA); the
+  // largest class and the fp8 kernels have no registers for a second one.
+  static constexpr int kPrefillMTiles = kD <= 128 && !kFp8 ? 2 : 1;
+  static constexpr int kPassRows = kWarps * kMmaRows * kPrefillMTiles;  // prefill rows per pass
+  static_assert(kPrefillRows % kPassRows == 0, "a prefill item is a whole number of passes");
   static constexpr int kDTiles = kD / 8;
   static constexpr int kChunks = kD / kChunkElems;
-  static constexpr int kQElems = kPrefillRows * kStride;
+  static constexpr int kQElems = kPassRows * kStride;
   static constexpr int kTileElems = kBlockN * kStride;  // one K or V tile
   static constexpr int kQBytes = kQElems * 2;
   static constexpr int kKVBytes = kStages * 2 * kTileElems * 2;
-  static constexpr int kStageBytes = kWarps * kMmaRows * kD * 4;  // fp32 O per warp
+  static constexpr int kStageBytes = kPassRows * kD * 4;  // fp32 O of every row
   static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
-  static constexpr int kMLBytes = kWarps * kMmaRows * 2 * 4;
+  static constexpr int kMLBytes = kPassRows * 2 * 4;
   static constexpr int kSmemBytes = kQBytes + kBodyBytes + kMLBytes;
   // Each thread copies one fixed 8-element column (tid % kChunks) of a run of
   // kKeysPerThread consecutive keys of a tile (run tid / kChunks).
@@ -81,18 +90,20 @@ struct RunStart {
 };
 
 // One pass: up to kRows packed query rows of an item against its key range.
-template <int kHC, typename T, bool kDecode>
+template <int kHC, typename T, bool kFp8, bool kDecode>
 __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride, int row0,
                          int rows, const SmemPtrs& sm) {
-  using S = Shape<kHC>;
-  constexpr int kRows = kDecode ? kDecodeRows : kPrefillRows;
+  using S = Shape<kHC, kFp8>;
+  constexpr int kRows = kDecode ? kDecodeRows : S::kPassRows;
+  constexpr int kMT = kDecode ? 1 : S::kPrefillMTiles;  // 16-row MMA tiles per warp
+  constexpr int kWarpRows = kMT * kMmaRows;
   constexpr int kWarpKeys = kDecode ? kBlockN / kWarps : kBlockN;
   constexpr int kNT = kWarpKeys / 8;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int head_size = p.head_size;
-  const bool fp8 = is_fp8(p.kv_dtype);
+  constexpr bool fp8 = kFp8;
   const auto fp8_kind = p.kv_dtype == DType::FP8_E5M2 ? __NV_E5M2 : __NV_E4M3;
   T* q_s = static_cast<T*>(sm.q);
   T* kv_s = static_cast<T*>(sm.kv);
@@ -118,34 +129,32 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int tile_lo = range.kv_lo - range.kv_lo % kBlockN;
   const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - tile_lo + kBlockN - 1) / kBlockN : 0;
 
-  // ---- this thread's two rows (g and g + 8 of the warp's 16) ----
-  const int row_base = kDecode ? 0 : warp * kMmaRows;
+  // ---- this thread's rows: g and g + 8 of each of the warp's 16-row tiles ----
+  const int row_base = kDecode ? 0 : warp * kWarpRows;  // first pass row of the warp
+  const int stage_base = kDecode ? warp * kMmaRows : row_base;  // its first row in the O stage
   const bool warp_active = row_base < rows;
   const int g = lane / 4;
   const int tig = lane % 4;
-  int pos[2];
-  float slope[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + row_base + g + 8 * i;
-    pos[i] = item.position_begin + row / group;
-    const int head = kv_head * group + row % group;
-    slope[i] = (p.alibi_slopes != nullptr && row_base + g + 8 * i < rows) ? p.alibi_slopes[head] : 0.0f;
-  }
+  const auto thread_row = [&](int mt, int i) { return row_base + mt * kMmaRows + g + 8 * i; };
   // Positions of the warp's first and last row (rows past `rows` included:
   // only ever makes the whole-block test below stricter).
   const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
-  const int warp_pos_hi = item.position_begin + (row0 + row_base + kMmaRows - 1) / group;
+  const int warp_pos_hi = item.position_begin + (row0 + row_base + kWarpRows - 1) / group;
   const bool plain_scores = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr;
   const float k_scale = fp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
   const float qk_scale = p.softmax_scale * k_scale;
   const float qk_scale_log2 = qk_scale * kLog2e;
 
-  float o[S::kDTiles][4];
+  float o[kMT][S::kDTiles][4];
+  float m[kMT][2];
+  float l[kMT][2];
 #pragma unroll
-  for (int dt = 0; dt < S::kDTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
-  float l[2] = {0.0f, 0.0f};
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < S::kDTiles; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -CUDART_INF_F;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
 
   // This thread copies one 16-byte column (my_ch) of kKeysPerThread
   // consecutive keys of every tile. When a run cannot straddle a block, it
@@ -173,9 +182,10 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       if (p.dense_kv) {
         r = {0, item.kv_row_begin + j};
       } else {
+        // The id is range-checked where it is used, a tile later, so this
+        // load's latency hides behind the current tile.
         const int b = j / p.block_size;
-        const std::int32_t id = bt_row[b];
-        r = {id < p.num_blocks ? id : -1, j - b * p.block_size};
+        r = {bt_row[b], j - b * p.block_size};
       }
     }
     return r;
@@ -185,12 +195,13 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const auto walk_run = [&](int t, RunStart run, auto&& f) {
     const int j0 = run_first_key(t);
     if (runs_in_block) {
+      const bool run_ok = run.block >= 0 && (p.dense_kv || run.block < p.num_blocks);
       const char* k_src = k_col + run.block * k_block_bytes + run.slot * k_slot_bytes;
       const char* v_src = v_col + run.block * v_block_bytes + run.slot * v_slot_bytes;
 #pragma unroll
       for (int i = 0; i < S::kKeysPerThread; ++i) {
         const int j = j0 + i;
-        const bool valid = run.block >= 0 && j >= range.kv_lo && j < range.kv_hi;
+        const bool valid = run_ok && j >= range.kv_lo && j < range.kv_hi;
         f(i, valid, valid ? k_src : k_col, valid ? v_src : v_col);
         k_src += k_slot_bytes;
         v_src += v_slot_bytes;
@@ -262,22 +273,32 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     const int key_base = kDecode ? warp * kWarpKeys : 0;
     const int k0 = tile_lo + t * kBlockN + key_base;
     const int k_last = k0 + kWarpKeys - 1;
-    float s[kNT][4];
+    // S = Q K^T: each K fragment serves every M-tile of the warp.
+    float s[kMT][kNT][4];
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+    }
     const int d16 = (head_size + 15) / 16;
 #pragma unroll
     for (int kk = 0; kk < kHC / 16; ++kk) {
       if (kk < d16) {
-        std::uint32_t a[4];
-        ldsm_x4(a, q_s + (row_base + (lane & 15)) * S::kStride + kk * 16 + (lane >> 4) * 8);
+        std::uint32_t a[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          ldsm_x4(a[mt], q_s + (row_base + mt * kMmaRows + (lane & 15)) * S::kStride + kk * 16 + (lane >> 4) * 8);
+        }
 #pragma unroll
         for (int nt = 0; nt < kNT; nt += 2) {
           std::uint32_t b[4];
           ldsm_x4(b, k_s + (key_base + nt * 8 + (lane & 7) + ((lane >> 4) << 3)) * S::kStride + kk * 16 +
                          ((lane >> 3) & 1) * 8);
-          Elem<T>::mma(s[nt], a, b[0], b[1]);
-          Elem<T>::mma(s[nt + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            Elem<T>::mma(s[mt][nt], a[mt], b[0], b[1]);
+            Elem<T>::mma(s[mt][nt + 1], a[mt], b[2], b[3]);
+          }
         }
       }
     }
@@ -291,75 +312,92 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
       whole = whole && k0 > warp_pos_hi - p.window && k_last < warp_pos_lo + p.window;
     }
-    float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
-    if (whole) {
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
+    for (int mt = 0; mt < kMT; ++mt) {
+      float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+      if (whole) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          s[nt][c] *= qk_scale_log2;
-          tile_max[c >> 1] = fmaxf(tile_max[c >> 1], s[nt][c]);
-        }
-      }
-    } else {
+        for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int i = c >> 1;
-          const int j = k0 + nt * 8 + 2 * tig + (c & 1);
-          float x = s[nt][c] * qk_scale;
-          if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
-          x += slope[i] * static_cast<float>(j - pos[i]);
-          bool visible = j >= range.kv_lo && j < range.kv_hi;
-          if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= pos[i];
-          if (p.window_kind == static_cast<int>(WindowKind::Left)) {
-            visible = visible && j > pos[i] - p.window && j <= pos[i];
-          } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
-            visible = visible && j > pos[i] - p.window && j < pos[i] + p.window;
+          for (int c = 0; c < 4; ++c) {
+            s[mt][nt][c] *= qk_scale_log2;
+            tile_max[c >> 1] = fmaxf(tile_max[c >> 1], s[mt][nt][c]);
           }
-          s[nt][c] = visible ? x * kLog2e : -CUDART_INF_F;
-          tile_max[i] = fmaxf(tile_max[i], s[nt][c]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int row = row0 + thread_row(mt, i);
+          const float slope = p.alibi_slopes != nullptr && row < row0 + rows
+                                  ? p.alibi_slopes[kv_head * group + row % group]
+                                  : 0.0f;
+          const int q_pos = item.position_begin + row / group;
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = k0 + nt * 8 + 2 * tig + e;
+              float x = s[mt][nt][2 * i + e] * qk_scale;
+              if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+              x += slope * static_cast<float>(j - q_pos);
+              bool visible = j >= range.kv_lo && j < range.kv_hi;
+              if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= q_pos;
+              if (p.window_kind == static_cast<int>(WindowKind::Left)) {
+                visible = visible && j > q_pos - p.window && j <= q_pos;
+              } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
+                visible = visible && j > q_pos - p.window && j < q_pos + p.window;
+              }
+              s[mt][nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
+              tile_max[i] = fmaxf(tile_max[i], s[mt][nt][2 * i + e]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+        const float m_new = fmaxf(m[mt][i], tile_max[i]);
+        const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;  // all masked so far: avoid inf - inf
+        const float alpha = exp2_approx(m[mt][i] - m_use);
+        m[mt][i] = m_new;
+        l[mt][i] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < S::kDTiles; ++dt) {
+          o[mt][dt][2 * i] *= alpha;
+          o[mt][dt][2 * i + 1] *= alpha;
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          s[mt][nt][2 * i] = exp2_approx(s[mt][nt][2 * i] - m_use);
+          s[mt][nt][2 * i + 1] = exp2_approx(s[mt][nt][2 * i + 1] - m_use);
+          l[mt][i] += s[mt][nt][2 * i] + s[mt][nt][2 * i + 1];
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      const float m_new = fmaxf(m[i], tile_max[i]);
-      const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;  // all masked so far: avoid inf - inf
-      const float alpha = exp2_approx(m[i] - m_use);
-      m[i] = m_new;
-      l[i] *= alpha;
-#pragma unroll
-      for (int dt = 0; dt < S::kDTiles; ++dt) {
-        o[dt][2 * i] *= alpha;
-        o[dt][2 * i + 1] *= alpha;
-      }
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        s[nt][2 * i] = exp2_approx(s[nt][2 * i] - m_use);
-        s[nt][2 * i + 1] = exp2_approx(s[nt][2 * i + 1] - m_use);
-        l[i] += s[nt][2 * i] + s[nt][2 * i + 1];
-      }
-    }
-    // O += P V: the score accumulators of two adjacent n-tiles form one A operand.
+    // O += P V: the score accumulators of two adjacent n-tiles form one A
+    // operand; each V fragment serves every M-tile of the warp.
 #pragma unroll
     for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
-      std::uint32_t a[4];
-      a[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      std::uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dt = 0; dt < S::kDTiles; dt += 2) {
         if (dt * 8 < head_size) {
           std::uint32_t b[4];
           ldsm_x4_trans(b, v_s + (key_base + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride + dt * 8 +
                                (lane >> 4) * 8);
-          Elem<T>::mma(o[dt], a, b[0], b[1]);
-          Elem<T>::mma(o[dt + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            Elem<T>::mma(o[mt][dt], a[mt], b[0], b[1]);
+            Elem<T>::mma(o[mt][dt + 1], a[mt], b[2], b[3]);
+          }
         }
       }
     }
@@ -393,24 +431,28 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   __syncthreads();
 
   // ---- stage each warp's (m, l, O) in shared memory (aliases the K/V tiles) ----
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-  }
   if (warp_active) {
-    float* stage = sm.stage + warp * kMmaRows * kHC;
 #pragma unroll
-    for (int dt = 0; dt < S::kDTiles; ++dt) {
-      const int d = dt * 8 + 2 * tig;
-      *reinterpret_cast<float2*>(stage + g * kHC + d) = make_float2(o[dt][0], o[dt][1]);
-      *reinterpret_cast<float2*>(stage + (g + 8) * kHC + d) = make_float2(o[dt][2], o[dt][3]);
-    }
-    if (tig == 0) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        sm.ml[(warp * kMmaRows + g + 8 * i) * 2] = m[i];
-        sm.ml[(warp * kMmaRows + g + 8 * i) * 2 + 1] = l[i];
+        l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
+        l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
+      }
+      const int r0 = stage_base + mt * kMmaRows + g;  // stage rows r0 and r0 + 8
+      float* stage = sm.stage + r0 * kHC;
+#pragma unroll
+      for (int dt = 0; dt < S::kDTiles; ++dt) {
+        const int d = dt * 8 + 2 * tig;
+        *reinterpret_cast<float2*>(stage + d) = make_float2(o[mt][dt][0], o[mt][dt][1]);
+        *reinterpret_cast<float2*>(stage + 8 * kHC + d) = make_float2(o[mt][dt][2], o[mt][dt][3]);
+      }
+      if (tig == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          sm.ml[(r0 + 8 * i) * 2] = m[mt][i];
+          sm.ml[(r0 + 8 * i) * 2 + 1] = l[mt][i];
+        }
       }
     }
   }
@@ -480,9 +522,9 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   }
 }
 
-template <int kHC, typename T>
+template <int kHC, typename T, bool kFp8>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const FlashParams p) {
-  using S = Shape<kHC>;
+  using S = Shape<kHC, kFp8>;
   extern __shared__ __align__(16) unsigned char smem[];
   const SmemPtrs sm{smem, smem + S::kQBytes, reinterpret_cast<float*>(smem + S::kQBytes),
                     reinterpret_cast<float*>(smem + S::kQBytes + S::kBodyBytes)};
@@ -494,13 +536,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const FlashParams p
     const int rows_total = item.num_tokens * group;
     if (item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
-        run_pass<kHC, T, true>(p, item, kv_head, group, header.block_table_stride, row0,
+        run_pass<kHC, T, kFp8, true>(p, item, kv_head, group, header.block_table_stride, row0,
                                min(kDecodeRows, rows_total - row0), sm);
       }
     } else {
-      for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) {
-        run_pass<kHC, T, false>(p, item, kv_head, group, header.block_table_stride, row0,
-                                min(kPrefillRows, rows_total - row0), sm);
+      for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {
+        run_pass<kHC, T, kFp8, false>(p, item, kv_head, group, header.block_table_stride, row0,
+                                min(S::kPassRows, rows_total - row0), sm);
       }
     }
   }
@@ -553,27 +595,35 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
   }
 }
 
+// Launches the attention kernel of one head-size class, dtype and KV storage.
+template <int kHC, typename T, bool kFp8>
+int launch_attention(const FlashParams& p, cudaStream_t stream) {
+  constexpr int kSmem = Shape<kHC, kFp8>::kSmemBytes;
+  // The shared-memory opt-in, once per device (a host call per launch costs
+  // more than a decode step's kernel).
+  static std::atomic<std::uint64_t> configured{0};
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
+  const std::uint64_t bit = std::uint64_t{1} << (device % 64);
+  if ((configured.load() & bit) == 0) {
+    const cudaError_t attr =
+        cudaFuncSetAttribute(attention_kernel<kHC, T, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    configured.fetch_or(bit);
+  }
+  attention_kernel<kHC, T, kFp8><<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)),
+                                   kThreads, kSmem, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
 // Launches the attention kernel of one head-size class and dtype, then the
 // combine kernel when asked.
 template <int kHC, typename T>
 int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream) {
-  constexpr int kSmem = Shape<kHC>::kSmemBytes;
   if (p.grid_items > 0) {
-    // The shared-memory opt-in, once per device (a host call per launch costs
-    // more than a decode step's kernel).
-    static std::atomic<std::uint64_t> configured{0};
-    int device = 0;
-    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
-    const std::uint64_t bit = std::uint64_t{1} << (device % 64);
-    if ((configured.load() & bit) == 0) {
-      const cudaError_t attr =
-          cudaFuncSetAttribute(attention_kernel<kHC, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (attr != cudaSuccess) return static_cast<int>(attr);
-      configured.fetch_or(bit);
-    }
-    attention_kernel<kHC, T><<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)),
-                               kThreads, kSmem, stream>>>(p);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
+    const int rc = is_fp8(p.kv_dtype) ? launch_attention<kHC, T, true>(p, stream)
+                                      : launch_attention<kHC, T, false>(p, stream);
+    if (rc != kLaunchOk) return rc;
   }
   if (launch_combine && p.grid_combine > 0) {
     combine_kernel<T><<<dim3(static_cast<unsigned>(p.grid_combine), static_cast<unsigned>(p.num_kv_heads)), kThreads,

@@ -13,14 +13,6 @@ int head_size_class(int head_size) {
   return 0;
 }
 
-int attention_smem_bytes(int head_class) {
-#define PAGEDATTN_FLASH_SMEM(hc) \
-  if (head_class == (hc)) return detail::Shape<hc>::kSmemBytes;
-  PAGEDATTN_FLASH_HEAD_CLASSES(PAGEDATTN_FLASH_SMEM)
-#undef PAGEDATTN_FLASH_SMEM
-  return 0;
-}
-
 int launch_flash_attention(const FlashParams& params, DType dtype, bool launch_combine, void* stream) {
   const int hc = head_size_class(params.head_size);
 #define PAGEDATTN_FLASH_LAUNCH(c) \

@@ -14,14 +14,14 @@ namespace pagedattn::cuda_flash {
 inline constexpr int kThreads = 128;        // 4 warps per CTA
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kBlockN = 64;          // keys per shared-memory tile
-inline constexpr int kPrefillRows = 64;     // packed (token, head) rows per pass: 16 per warp
+inline constexpr int kPrefillRows = 128;    // packed (token, head) rows per prefill item (1-2 passes)
 inline constexpr int kDecodeRows = 16;      // one 16-row MMA tile; the 4 warps split the keys
 inline constexpr int kMaxHeadSize = 256;
 inline constexpr int kHeadSizeAlign = 8;    // 16-byte vector loads of 16-bit elements
 
 // How a work item's warps divide a pass.
 enum class TileMode : std::int32_t {
-  Prefill = 0,  // warp w owns rows [16w, 16w + 16) and every key of a tile
+  Prefill = 0,  // warp w owns 16 or 32 consecutive rows and every key of a tile
   Decode = 1,   // every warp owns rows [0, 16) and keys [16w, 16w + 16) of a tile
 };
 
@@ -132,8 +132,6 @@ inline constexpr int kLaunchUnsupportedDType = -2;
 
 // Head-size class a head size runs in (the kernels pad up to it), 0 if none.
 int head_size_class(int head_size);
-// Dynamic shared memory of the attention kernel for a head-size class.
-int attention_smem_bytes(int head_class);
 
 // Launches the attention kernel (and, when `launch_combine`, the split-KV
 // merge) on `stream` (a cudaStream_t). Returns kLaunchOk, a negative
