@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_params.h"
 #include "flash_primitives.cuh"
@@ -68,8 +69,8 @@ struct PassRange {
   int kv_hi;
 };
 
-__device__ __forceinline__ PassRange pass_range(const FlashParams& p, const WorkItem& item, int group, int row0,
-                                                int rows) {
+__device__ __forceinline__ PassRange pass_range(const FlashParams& p, const WorkItem& item, int group,
+                                                int row0, int rows) {
   const int p_lo = item.position_begin + row0 / group;
   const int p_hi = item.position_begin + (row0 + rows - 1) / group;
   int lo = item.kv_begin;
@@ -91,8 +92,8 @@ struct RunStart {
 
 // One pass: up to kRows packed query rows of an item against its key range.
 template <int kHC, typename T, bool kFp8, bool kDecode>
-__device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride, int row0,
-                         int rows, const SmemPtrs& sm) {
+__device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride,
+                         int row0, int rows, const SmemPtrs& sm) {
   using S = Shape<kHC, kFp8>;
   constexpr int kRows = kDecode ? kDecodeRows : S::kPassRows;
   constexpr int kMT = kDecode ? 1 : S::kPrefillMTiles;  // 16-row MMA tiles per warp
@@ -118,7 +119,8 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     const int row = row0 + r;
     const std::int64_t token = item.token_begin + row / group;
     const int head = kv_head * group + row % group;
-    const T* src = static_cast<const T*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
+    const T* src =
+        static_cast<const T*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
     cp_async_16(q_s + r * S::kStride + ch * kChunkElems, valid ? src : p.query, valid);
   }
   cp_async_commit();
@@ -130,7 +132,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - tile_lo + kBlockN - 1) / kBlockN : 0;
 
   // ---- this thread's rows: g and g + 8 of each of the warp's 16-row tiles ----
-  const int row_base = kDecode ? 0 : warp * kWarpRows;  // first pass row of the warp
+  const int row_base = kDecode ? 0 : warp * kWarpRows;          // first pass row of the warp
   const int stage_base = kDecode ? warp * kMmaRows : row_base;  // its first row in the O stage
   const bool warp_active = row_base < rows;
   const int g = lane / 4;
@@ -166,13 +168,16 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const bool my_col = my_ch * kChunkElems < head_size;
   const bool runs_in_block = p.dense_kv || p.block_size % S::kKeysPerThread == 0;
   const std::int64_t kv_elem = fp8 ? 1 : 2;
-  const char* k_col = static_cast<const char*>(p.key) + (kv_head * p.k_head_stride + my_ch * kChunkElems) * kv_elem;
-  const char* v_col = static_cast<const char*>(p.value) + (kv_head * p.v_head_stride + my_ch * kChunkElems) * kv_elem;
+  const char* k_col =
+      static_cast<const char*>(p.key) + (kv_head * p.k_head_stride + my_ch * kChunkElems) * kv_elem;
+  const char* v_col =
+      static_cast<const char*>(p.value) + (kv_head * p.v_head_stride + my_ch * kChunkElems) * kv_elem;
   const std::int64_t k_block_bytes = p.k_block_stride * kv_elem;
   const std::int64_t v_block_bytes = p.v_block_stride * kv_elem;
   const std::int64_t k_slot_bytes = p.k_slot_stride * kv_elem;
   const std::int64_t v_slot_bytes = p.v_slot_stride * kv_elem;
-  const std::int32_t* bt_row = p.dense_kv ? nullptr : p.block_table + static_cast<std::int64_t>(item.req) * bt_stride;
+  const std::int32_t* bt_row =
+      p.dense_kv ? nullptr : p.block_table + static_cast<std::int64_t>(item.req) * bt_stride;
   const auto run_first_key = [&](int t) { return tile_lo + t * kBlockN + my_run * S::kKeysPerThread; };
 
   const auto locate = [&](int t) {
@@ -280,27 +285,38 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
     }
+    // `full` (head size = class) drops the per-step padding tests, whose
+    // branches would cut the unrolled MMA stream into blocks the scheduler
+    // cannot interleave.
     const int d16 = (head_size + 15) / 16;
+    const auto qk = [&](auto full) {
 #pragma unroll
-    for (int kk = 0; kk < kHC / 16; ++kk) {
-      if (kk < d16) {
-        std::uint32_t a[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          ldsm_x4(a[mt], q_s + (row_base + mt * kMmaRows + (lane & 15)) * S::kStride + kk * 16 + (lane >> 4) * 8);
-        }
-#pragma unroll
-        for (int nt = 0; nt < kNT; nt += 2) {
-          std::uint32_t b[4];
-          ldsm_x4(b, k_s + (key_base + nt * 8 + (lane & 7) + ((lane >> 4) << 3)) * S::kStride + kk * 16 +
-                         ((lane >> 3) & 1) * 8);
+      for (int kk = 0; kk < kHC / 16; ++kk) {
+        if (decltype(full)::value || kk < d16) {
+          std::uint32_t a[kMT][4];
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            Elem<T>::mma(s[mt][nt], a[mt], b[0], b[1]);
-            Elem<T>::mma(s[mt][nt + 1], a[mt], b[2], b[3]);
+            ldsm_x4(a[mt],
+                    q_s + (row_base + mt * kMmaRows + (lane & 15)) * S::kStride + kk * 16 + (lane >> 4) * 8);
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNT; nt += 2) {
+            std::uint32_t b[4];
+            ldsm_x4(b, k_s + (key_base + nt * 8 + (lane & 7) + ((lane >> 4) << 3)) * S::kStride + kk * 16 +
+                           ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              Elem<T>::mma(s[mt][nt], a[mt], b[0], b[1]);
+              Elem<T>::mma(s[mt][nt + 1], a[mt], b[2], b[3]);
+            }
           }
         }
       }
+    };
+    if (head_size == kHC) {
+      qk(std::true_type{});
+    } else {
+      qk(std::false_type{});
     }
     // A block whose every (row, key) is visible with plain scores only needs
     // the scale; the rest take scale, soft cap, ALiBi and the masks. Then the
@@ -377,29 +393,36 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     }
     // O += P V: the score accumulators of two adjacent n-tiles form one A
     // operand; each V fragment serves every M-tile of the warp.
+    const auto pv = [&](auto full) {
 #pragma unroll
-    for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
-      std::uint32_t a[kMT][4];
+      for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
+        std::uint32_t a[kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+        for (int mt = 0; mt < kMT; ++mt) {
+          a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
-      for (int dt = 0; dt < S::kDTiles; dt += 2) {
-        if (dt * 8 < head_size) {
-          std::uint32_t b[4];
-          ldsm_x4_trans(b, v_s + (key_base + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride + dt * 8 +
-                               (lane >> 4) * 8);
+        for (int dt = 0; dt < S::kDTiles; dt += 2) {
+          if (decltype(full)::value || dt * 8 < head_size) {
+            std::uint32_t b[4];
+            ldsm_x4_trans(b, v_s + (key_base + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride +
+                                 dt * 8 + (lane >> 4) * 8);
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            Elem<T>::mma(o[mt][dt], a[mt], b[0], b[1]);
-            Elem<T>::mma(o[mt][dt + 1], a[mt], b[2], b[3]);
+            for (int mt = 0; mt < kMT; ++mt) {
+              Elem<T>::mma(o[mt][dt], a[mt], b[0], b[1]);
+              Elem<T>::mma(o[mt][dt + 1], a[mt], b[2], b[3]);
+            }
           }
         }
       }
+    };
+    if (head_size == kHC) {
+      pv(std::true_type{});
+    } else {
+      pv(std::false_type{});
     }
   };
 
@@ -493,7 +516,9 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     const bool empty = m_tot == -CUDART_INF_F;
     if (item.num_splits > 1) {
       const std::int64_t prow =
-          static_cast<std::int64_t>(item.partial_index + item.split * item.num_tokens + token_rel) * p.num_heads + head;
+          static_cast<std::int64_t>(item.partial_index + item.split * item.num_tokens + token_rel) *
+              p.num_heads +
+          head;
       const float f = empty ? 0.0f : v_scale / l_tot;
       float* dst = p.partial_out + prow * head_size + ch * kChunkElems;
 #pragma unroll
@@ -517,7 +542,8 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= f;
     const std::int64_t token = item.token_begin + token_rel;
-    store8<T>(static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems, acc);
+    store8<T>(static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
+              acc);
     if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
   }
 }
@@ -537,12 +563,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const FlashParams p
     if (item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
         run_pass<kHC, T, kFp8, true>(p, item, kv_head, group, header.block_table_stride, row0,
-                               min(kDecodeRows, rows_total - row0), sm);
+                                     min(kDecodeRows, rows_total - row0), sm);
       }
     } else {
       for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {
         run_pass<kHC, T, kFp8, false>(p, item, kv_head, group, header.block_table_stride, row0,
-                                min(S::kPassRows, rows_total - row0), sm);
+                                      min(S::kPassRows, rows_total - row0), sm);
       }
     }
   }
@@ -564,7 +590,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
       const int token_rel = r / group;
       const int head = kv_head * group + r % group;
       const auto prow = [&](int s) {
-        return static_cast<std::int64_t>(item.partial_index + s * item.num_tokens + token_rel) * p.num_heads + head;
+        return static_cast<std::int64_t>(item.partial_index + s * item.num_tokens + token_rel) * p.num_heads +
+               head;
       };
       float m_keys = -CUDART_INF_F;
       for (int s = 0; s < item.num_splits; ++s) m_keys = fmaxf(m_keys, p.partial_lse[prow(s)]);
@@ -589,7 +616,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
         lse = mm + logf(den);
       }
       const std::int64_t token = item.token_begin + token_rel;
-      store8<T>(static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems, acc);
+      store8<T>(
+          static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
+          acc);
       if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
     }
   }
@@ -606,13 +635,14 @@ int launch_attention(const FlashParams& p, cudaStream_t stream) {
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
   if ((configured.load() & bit) == 0) {
-    const cudaError_t attr =
-        cudaFuncSetAttribute(attention_kernel<kHC, T, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<kHC, T, kFp8>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     configured.fetch_or(bit);
   }
-  attention_kernel<kHC, T, kFp8><<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)),
-                                   kThreads, kSmem, stream>>>(p);
+  attention_kernel<kHC, T, kFp8>
+      <<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)), kThreads, kSmem,
+         stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -626,8 +656,8 @@ int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream)
     if (rc != kLaunchOk) return rc;
   }
   if (launch_combine && p.grid_combine > 0) {
-    combine_kernel<T><<<dim3(static_cast<unsigned>(p.grid_combine), static_cast<unsigned>(p.num_kv_heads)), kThreads,
-                        0, stream>>>(p);
+    combine_kernel<T><<<dim3(static_cast<unsigned>(p.grid_combine), static_cast<unsigned>(p.num_kv_heads)),
+                        kThreads, 0, stream>>>(p);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
   return kLaunchOk;
