@@ -24,17 +24,22 @@ namespace pagedattn::cuda_flash::detail {
 
 inline constexpr int kSmemPad = 8;  // elements per row: ldmatrix rows land on distinct banks
 inline constexpr int kMmaRows = 16;
-inline constexpr int kChunkElems = 8;  // 16-byte chunk of 16-bit elements
+inline constexpr int kChunkElems = 8;        // 16-byte chunk of 16-bit elements
+inline constexpr float kRescaleLog2 = 8.0f;  // lazy-rescale threshold, log2 units
 
-// kFp8: the cache holds fp8, converted to 16 bits through registers on its
-// way to shared memory (a template parameter because those registers would
-// otherwise stay allocated in the 16-bit kernel too and make it spill).
+// kFp8: the cache holds fp8, staged raw in shared memory and converted to 16
+// bits there (its own instantiation: a different shared-memory layout and
+// pipeline, and the 16-bit kernel keeps its registers for two M-tiles).
 template <int kHeadClass, bool kFp8>
 struct Shape {
   static constexpr int kD = kHeadClass;
   static constexpr int kStride = kD + kSmemPad;
-  // Double-buffer K/V tiles when both stages fit beside the other CTA of the SM.
-  static constexpr int kStages = kD <= 128 ? 2 : 1;
+  // 16-bit K/V: double-buffer the tiles when both stages fit beside the other
+  // CTA of the SM. fp8: one 16-bit tile, converted from a ring of raw tiles
+  // (half the bytes each), three deep.
+  static constexpr int kStages = kD <= 128 && !kFp8 ? 2 : 1;
+  static constexpr int kRawStages = 3;                // fp8 only
+  static constexpr int kRawTileBytes = kBlockN * kD;  // one raw K or V tile
   // 16-row MMA tiles per warp in a prefill pass: two share every K/V fragment
   // loaded from shared memory (half the shared-memory reads per MMA); the
   // largest class and the fp8 kernels have no registers for a second one.
@@ -46,7 +51,7 @@ struct Shape {
   static constexpr int kQElems = kPassRows * kStride;
   static constexpr int kTileElems = kBlockN * kStride;  // one K or V tile
   static constexpr int kQBytes = kQElems * 2;
-  static constexpr int kKVBytes = kStages * 2 * kTileElems * 2;
+  static constexpr int kKVBytes = kStages * 2 * kTileElems * 2 + (kFp8 ? kRawStages * 2 * kRawTileBytes : 0);
   static constexpr int kStageBytes = kPassRows * kD * 4;  // fp32 O of every row
   static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
   static constexpr int kMLBytes = kPassRows * 2 * 4;
@@ -81,6 +86,22 @@ __device__ __forceinline__ PassRange pass_range(const FlashParams& p, const Work
     hi = min(hi, p.window_kind == static_cast<int>(WindowKind::Left) ? p_hi + 1 : p_hi + p.window);
   }
   return {lo, hi};
+}
+
+// Reduces a thread's scores of row half `i` (elements 2i, 2i + 1 of every
+// n-tile) as a tree: depth log2(2 kNT) instead of a 2 kNT-long dependent chain.
+template <int kNT, typename Op>
+__device__ __forceinline__ float row_reduce(const float (&s)[kNT][4], int i, Op op) {
+  static_assert((kNT & (kNT - 1)) == 0, "a power of two of n-tiles");
+  float v[kNT];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) v[nt] = op(s[nt][2 * i], s[nt][2 * i + 1]);
+#pragma unroll
+  for (int width = kNT / 2; width >= 1; width /= 2) {
+#pragma unroll
+    for (int nt = 0; nt < width; ++nt) v[nt] = op(v[nt], v[nt + width]);
+  }
+  return v[0];
 }
 
 // Where a thread's run of consecutive keys in a tile starts: the physical
@@ -203,6 +224,16 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       const bool run_ok = run.block >= 0 && (p.dense_kv || run.block < p.num_blocks);
       const char* k_src = k_col + run.block * k_block_bytes + run.slot * k_slot_bytes;
       const char* v_src = v_col + run.block * v_block_bytes + run.slot * v_slot_bytes;
+      if (run_ok && j0 >= range.kv_lo && j0 + S::kKeysPerThread <= range.kv_hi) {
+        // The common case, a run wholly inside the range: no per-key tests.
+#pragma unroll
+        for (int i = 0; i < S::kKeysPerThread; ++i) {
+          f(i, true, k_src, v_src);
+          k_src += k_slot_bytes;
+          v_src += v_slot_bytes;
+        }
+        return;
+      }
 #pragma unroll
       for (int i = 0; i < S::kKeysPerThread; ++i) {
         const int j = j0 + i;
@@ -238,36 +269,40 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     });
   };
 
-  uint2 k_regs[S::kKeysPerThread];
-  uint2 v_regs[S::kKeysPerThread];
-  const auto fetch_fp8 = [&](int t, RunStart run) {
+  // fp8: raw tiles land in a ring of kRawStages slots (8-byte copies in the
+  // same thread layout as the 16-bit copies), so each thread converts exactly
+  // the bytes it copied itself into the one 16-bit buffer the MMAs read.
+  unsigned char* raw_s = reinterpret_cast<unsigned char*>(kv_s + 2 * S::kTileElems);
+  const int raw_offset = my_run * S::kKeysPerThread * kHC + my_ch * kChunkElems;
+  const auto issue_raw = [&](int t, RunStart run) {
+    unsigned char* k_dst = raw_s + (t % S::kRawStages) * 2 * S::kRawTileBytes + raw_offset;
+    unsigned char* v_dst = k_dst + S::kRawTileBytes;
     walk_run(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
-      k_regs[i] = valid ? __ldg(reinterpret_cast<const uint2*>(k_src)) : make_uint2(0u, 0u);
-      v_regs[i] = valid ? __ldg(reinterpret_cast<const uint2*>(v_src)) : make_uint2(0u, 0u);
+      cp_async_8(k_dst + i * kHC, k_src, valid);
+      cp_async_8(v_dst + i * kHC, v_src, valid);
     });
   };
-  const auto commit_fp8 = [&](int buf) {
-    T* k_dst = kv_s + buf * 2 * S::kTileElems + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
+  const auto convert_raw = [&](int t) {
+    const unsigned char* k_src = raw_s + (t % S::kRawStages) * 2 * S::kRawTileBytes + raw_offset;
+    const unsigned char* v_src = k_src + S::kRawTileBytes;
+    T* k_dst = kv_s + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
     T* v_dst = k_dst + S::kTileElems;
 #pragma unroll
     for (int i = 0; i < S::kKeysPerThread; ++i) {
-      *reinterpret_cast<uint4*>(k_dst + i * S::kStride) = fp8x8_convert<T>(k_regs[i], fp8_kind);
-      *reinterpret_cast<uint4*>(v_dst + i * S::kStride) = fp8x8_convert<T>(v_regs[i], fp8_kind);
+      const uint2 k8 = *reinterpret_cast<const uint2*>(k_src + i * kHC);
+      const uint2 v8 = *reinterpret_cast<const uint2*>(v_src + i * kHC);
+      *reinterpret_cast<uint4*>(k_dst + i * S::kStride) = fp8x8_convert<T>(k8, fp8_kind);
+      *reinterpret_cast<uint4*>(v_dst + i * S::kStride) = fp8x8_convert<T>(v8, fp8_kind);
     }
   };
-  // Starts loading tile t into `buf` (cp.async, or fp8 into registers). With
-  // two stages the run start of tile t + 1 is looked up right after, to land
-  // while tile t is computed; the one-stage (largest head) class looks it up
-  // just before use.
+  // 16-bit: starts copying tile t into `buf`. With two stages the run start
+  // of tile t + 1 is looked up right after, to land while tile t is
+  // computed; the one-stage (largest head) class looks it up just before use.
   RunStart run{-1, 0};
   const auto start_tile = [&](int t, int buf) {
     if (S::kStages == 1) run = locate(t);
-    if (fp8) {
-      fetch_fp8(t, run);
-    } else {
-      issue_tile(t, buf, run);
-      cp_async_commit();
-    }
+    issue_tile(t, buf, run);
+    cp_async_commit();
     if (S::kStages == 2 && t + 1 < num_tiles) run = locate(t + 1);
   };
 
@@ -330,17 +365,11 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
-      if (whole) {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            s[mt][nt][c] *= qk_scale_log2;
-            tile_max[c >> 1] = fmaxf(tile_max[c >> 1], s[mt][nt][c]);
-          }
-        }
-      } else {
+      // Whole blocks keep raw scores (the max commutes with the positive
+      // scale) and fold the scale into the exponent's multiply-add.
+      float tile_max[2] = {};
+      const float exp_scale = whole ? qk_scale_log2 : 1.0f;
+      if (!whole) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int row = row0 + thread_row(mt, i);
@@ -364,31 +393,46 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
                 visible = visible && j > q_pos - p.window && j < q_pos + p.window;
               }
               s[mt][nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
-              tile_max[i] = fmaxf(tile_max[i], s[mt][nt][2 * i + e]);
             }
+          }
+        }
+      }
+      // The running max moves only when a row's max grows by more than
+      // kRescaleLog2 (FlashAttention-4's lazy rescale): the exponentials stay
+      // <= 2^kRescaleLog2, exact in fp32 and bf16 alike, and O and l are
+      // rescaled only then, by the whole warp at once.
+      bool grow = false;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        tile_max[i] = row_reduce<kNT>(s[mt], i, [](float x, float y) { return fmaxf(x, y); });
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2)) * exp_scale;
+        grow = grow || tile_max[i] > m[mt][i] + kRescaleLog2;
+      }
+      if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float m_new = fmaxf(m[mt][i], tile_max[i]);
+          const float alpha = m_new == -CUDART_INF_F ? 1.0f : exp2_approx(m[mt][i] - m_new);
+          m[mt][i] = m_new;
+          l[mt][i] *= alpha;
+#pragma unroll
+          for (int dt = 0; dt < S::kDTiles; ++dt) {
+            o[mt][dt][2 * i] *= alpha;
+            o[mt][dt][2 * i + 1] *= alpha;
           }
         }
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-        const float m_new = fmaxf(m[mt][i], tile_max[i]);
-        const float m_use = m_new == -CUDART_INF_F ? 0.0f : m_new;  // all masked so far: avoid inf - inf
-        const float alpha = exp2_approx(m[mt][i] - m_use);
-        m[mt][i] = m_new;
-        l[mt][i] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < S::kDTiles; ++dt) {
-          o[mt][dt][2 * i] *= alpha;
-          o[mt][dt][2 * i + 1] *= alpha;
-        }
+        const float m_use =
+            m[mt][i] == -CUDART_INF_F ? 0.0f : m[mt][i];  // all masked so far: avoid inf - inf
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          s[mt][nt][2 * i] = exp2_approx(s[mt][nt][2 * i] - m_use);
-          s[mt][nt][2 * i + 1] = exp2_approx(s[mt][nt][2 * i + 1] - m_use);
-          l[mt][i] += s[mt][nt][2 * i] + s[mt][nt][2 * i + 1];
+          s[mt][nt][2 * i] = exp2_approx(fmaf(s[mt][nt][2 * i], exp_scale, -m_use));
+          s[mt][nt][2 * i + 1] = exp2_approx(fmaf(s[mt][nt][2 * i + 1], exp_scale, -m_use));
         }
+        l[mt][i] += row_reduce<kNT>(s[mt], i, [](float x, float y) { return x + y; });
       }
     }
     // O += P V: the score accumulators of two adjacent n-tiles form one A
@@ -426,28 +470,48 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     }
   };
 
-  // ---- the key loop: tile t + 1 in flight while tile t is computed ----
-  if (num_tiles > 0) {
-    if (S::kStages == 2) run = locate(0);
-    start_tile(0, 0);
-    if (fp8) commit_fp8(0);
-  }
-  for (int t = 0; t < num_tiles; ++t) {
-    const int buf = S::kStages == 2 ? (t & 1) : 0;
-    const bool prefetch = S::kStages == 2 && t + 1 < num_tiles;
-    if (prefetch) start_tile(t + 1, buf ^ 1);
-    if (prefetch && !fp8) {
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  if constexpr (kFp8) {
+    // ---- the key loop, fp8: tiles t + 1 .. t + kRawStages - 1 in flight ----
+    run = locate(0);
+    for (int t = 0; t < S::kRawStages - 1; ++t) {
+      if (t < num_tiles) {
+        issue_raw(t, run);
+        run = locate(t + 1);
+      }
+      cp_async_commit();
     }
-    __syncthreads();
-    compute_tile(t, buf);
-    __syncthreads();
-    if (prefetch && fp8) commit_fp8(buf ^ 1);
-    if (S::kStages == 1 && t + 1 < num_tiles) {
-      start_tile(t + 1, 0);
-      if (fp8) commit_fp8(0);
+    for (int t = 0; t < num_tiles; ++t) {
+      const int ahead = t + S::kRawStages - 1;
+      if (ahead < num_tiles) {
+        issue_raw(ahead, run);
+        run = locate(ahead + 1);
+      }
+      cp_async_commit();  // possibly empty: keeps the group count per tile fixed
+      cp_async_wait<S::kRawStages - 1>();
+      __syncthreads();  // every warp is done with the previous 16-bit tile
+      convert_raw(t);
+      __syncthreads();
+      compute_tile(t, 0);
+    }
+  } else {
+    // ---- the key loop, 16-bit: tile t + 1 in flight while tile t is computed ----
+    if (num_tiles > 0) {
+      if (S::kStages == 2) run = locate(0);
+      start_tile(0, 0);
+    }
+    for (int t = 0; t < num_tiles; ++t) {
+      const int buf = S::kStages == 2 ? (t & 1) : 0;
+      const bool prefetch = S::kStages == 2 && t + 1 < num_tiles;
+      if (prefetch) {
+        start_tile(t + 1, buf ^ 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      compute_tile(t, buf);
+      __syncthreads();
+      if (S::kStages == 1 && t + 1 < num_tiles) start_tile(t + 1, 0);
     }
   }
   cp_async_wait<0>();

@@ -95,7 +95,15 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   const int src_bytes = valid ? 16 : 0;
   // No memory clobber: it would pin every surrounding load in program order;
   // the commit/wait below and __syncthreads() order the shared memory.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+
+// 8-byte variant (fp8 rows, whose 8-element chunks are 8 bytes); through L1.
+__device__ __forceinline__ void cp_async_8(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
