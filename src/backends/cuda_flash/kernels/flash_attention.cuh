@@ -287,12 +287,19 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     const unsigned char* v_src = k_src + S::kRawTileBytes;
     T* k_dst = kv_s + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
     T* v_dst = k_dst + S::kTileElems;
+    // All loads first, then the conversions: independent work for the
+    // scheduler instead of one load-convert-store chain per key.
+    uint2 k8[S::kKeysPerThread];
+    uint2 v8[S::kKeysPerThread];
 #pragma unroll
     for (int i = 0; i < S::kKeysPerThread; ++i) {
-      const uint2 k8 = *reinterpret_cast<const uint2*>(k_src + i * kHC);
-      const uint2 v8 = *reinterpret_cast<const uint2*>(v_src + i * kHC);
-      *reinterpret_cast<uint4*>(k_dst + i * S::kStride) = fp8x8_convert<T>(k8, fp8_kind);
-      *reinterpret_cast<uint4*>(v_dst + i * S::kStride) = fp8x8_convert<T>(v8, fp8_kind);
+      k8[i] = *reinterpret_cast<const uint2*>(k_src + i * kHC);
+      v8[i] = *reinterpret_cast<const uint2*>(v_src + i * kHC);
+    }
+#pragma unroll
+    for (int i = 0; i < S::kKeysPerThread; ++i) {
+      *reinterpret_cast<uint4*>(k_dst + i * S::kStride) = fp8x8_convert<T>(k8[i], fp8_kind);
+      *reinterpret_cast<uint4*>(v_dst + i * S::kStride) = fp8x8_convert<T>(v8[i], fp8_kind);
     }
   };
   // 16-bit: starts copying tile t into `buf`. With two stages the run start
