@@ -88,6 +88,17 @@ __device__ __forceinline__ PassRange pass_range(const FlashParams& p, const Work
   return {lo, hi};
 }
 
+// Calls f(std::true_type) when the head size fills its class (no padded MMA
+// steps to test for), else f(std::false_type).
+template <typename F>
+__device__ __forceinline__ void with_full_head(bool full, F&& f) {
+  if (full) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
 // Reduces a thread's scores of row half `i` (elements 2i, 2i + 1 of every
 // n-tile) as a tree: depth log2(2 kNT) instead of a 2 kNT-long dependent chain.
 template <int kNT, typename Op>
@@ -347,19 +358,12 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
             ldsm_x4(b, k_s + (key_base + nt * 8 + (lane & 7) + ((lane >> 4) << 3)) * S::kStride + kk * 16 +
                            ((lane >> 3) & 1) * 8);
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              Elem<T>::mma(s[mt][nt], a[mt], b[0], b[1]);
-              Elem<T>::mma(s[mt][nt + 1], a[mt], b[2], b[3]);
-            }
+            for (int mt = 0; mt < kMT; ++mt) mma_x2<T>(s[mt][nt], s[mt][nt + 1], a[mt], b);
           }
         }
       }
     };
-    if (head_size == kHC) {
-      qk(std::true_type{});
-    } else {
-      qk(std::false_type{});
-    }
+    with_full_head(head_size == kHC, qk);
     // A block whose every (row, key) is visible with plain scores only needs
     // the scale; the rest take scale, soft cap, ALiBi and the masks. Then the
     // online softmax, in the log2 domain.
@@ -462,19 +466,12 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
             ldsm_x4_trans(b, v_s + (key_base + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride +
                                  dt * 8 + (lane >> 4) * 8);
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              Elem<T>::mma(o[mt][dt], a[mt], b[0], b[1]);
-              Elem<T>::mma(o[mt][dt + 1], a[mt], b[2], b[3]);
-            }
+            for (int mt = 0; mt < kMT; ++mt) mma_x2<T>(o[mt][dt], o[mt][dt + 1], a[mt], b);
           }
         }
       }
     };
-    if (head_size == kHC) {
-      pv(std::true_type{});
-    } else {
-      pv(std::false_type{});
-    }
+    with_full_head(head_size == kHC, pv);
   };
 
   if constexpr (kFp8) {

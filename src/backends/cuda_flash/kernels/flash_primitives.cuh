@@ -73,6 +73,15 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// Two MMAs sharing one A operand: b[0..1] and b[2..3] are the B operands of
+// two adjacent n-tiles, as one ldmatrix.x4 delivers them.
+template <typename T>
+__device__ __forceinline__ void mma_x2(float c0[4], float c1[4], const std::uint32_t a[4],
+                                       const std::uint32_t b[4]) {
+  Elem<T>::mma(c0, a, b[0], b[1]);
+  Elem<T>::mma(c1, a, b[2], b[3]);
+}
+
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
