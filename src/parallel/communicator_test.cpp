@@ -8,27 +8,12 @@
 #include <thread>
 #include <vector>
 
+#include "rank_threads_test_util.h"
+
 namespace pagedattn {
 namespace {
 
-// Runs body(rank) on one thread per rank and rethrows the first failure.
-void run_ranks(int size, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
+using test::run_ranks;
 
 TEST(DcpCommunicator, LoopbackAllGatherInRankOrder) {
   for (const DType dtype : {DType::F32, DType::BF16}) {

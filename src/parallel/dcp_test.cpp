@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "rank_threads_test_util.h"
+
 namespace pagedattn {
 namespace {
 
@@ -36,24 +38,7 @@ void expect_error(ErrorKind kind, const std::function<void()>& call, const std::
   }
 }
 
-// Runs body(rank) on one thread per rank and rethrows the first failure.
-void run_ranks(int size, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
-}
+using test::run_ranks;
 
 // ------------------------------------------------------------ slot mapping
 
