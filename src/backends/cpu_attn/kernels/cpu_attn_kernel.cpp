@@ -249,8 +249,13 @@ void scores_transposed(D d, const Scratch& sc, int rows, int d_size, int n, cons
   const int key_vecs = kTileKeys / lanes;
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int rb = std::min(kRowBlock, rows - r0);
+    // Always kRowBlock rows (missing rows of a partial block reuse row r0 and
+    // are not stored): a runtime row count would keep the accumulators in
+    // memory, which is what AVX2 (no vdpbf16ps path) runs for every prefill.
+    const float* q[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + (r < rb ? r : 0)) * d_size;
     for (int kv0 = 0; kv0 < key_vecs; kv0 += 2) {
-      // Two key vectors x up to four rows: eight accumulators stay in registers.
+      // Two key vectors x four rows: eight accumulators stay in registers.
       const int kvn = std::min(2, key_vecs - kv0);
       hn::Vec<D> acc[kRowBlock][2];
       for (int r = 0; r < kRowBlock; ++r) acc[r][0] = acc[r][1] = hn::Zero(d);
@@ -258,8 +263,8 @@ void scores_transposed(D d, const Scratch& sc, int rows, int d_size, int n, cons
         const float* col = sc.kt + e * kTileKeys + kv0 * lanes;
         const auto k0 = hn::Load(d, col);
         const auto k1 = kvn > 1 ? hn::Load(d, col + lanes) : hn::Zero(d);
-        for (int r = 0; r < rb; ++r) {
-          const auto qv = hn::Set(d, sc.q[(r0 + r) * d_size + e]);
+        for (int r = 0; r < kRowBlock; ++r) {
+          const auto qv = hn::Set(d, q[r][e]);
           acc[r][0] = hn::MulAdd(qv, k0, acc[r][0]);
           acc[r][1] = hn::MulAdd(qv, k1, acc[r][1]);
         }
@@ -785,11 +790,11 @@ void accumulate_pv(D d, const Scratch& sc, int rows, int d_size, int n, const un
 }
 
 // acc = alpha * acc + P V for a converted V tile (prefills), two rows x
-// kPvVectors vectors at a time: 16 accumulators, so each V load feeds two FMAs
-// and each probability broadcast feeds kPvVectors (the 4-row loop above is
-// load-bound). Needs 32 vector registers (AVX-512) and d_size % (kWidePvVectors
-// lanes) == 0.
-constexpr int kWidePvVectors = 8;
+// kWidePvVectors vectors at a time, so each V load feeds two FMAs and each
+// probability broadcast feeds kWidePvVectors (the 4-row loop above is
+// load-bound): 16 accumulators with AVX-512's 32 registers, 8 with AVX2's 16.
+// Needs d_size % (kWidePvVectors lanes) == 0.
+constexpr int kWidePvVectors = HWY_TARGET == HWY_AVX3 ? 8 : 4;
 template <class D>
 void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
   const int lanes = static_cast<int>(hn::Lanes(d));
@@ -955,12 +960,10 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
       for (int i = 0; i < n; ++i) {
         for (int c = 0; c < d_size; c += lanes) hn::Store(LoadKV<KV>(d, v_rows[i] + c * esize), d, sc.vf + i * d_size + c);
       }
-#if HWY_TARGET == HWY_AVX3
       if (d_size % (kWidePvVectors * lanes) == 0) {
         accumulate_pv_wide(d, sc, shape.rows, d_size, n);
         continue;
       }
-#endif
       accumulate_pv<KV>(d, sc, shape.rows, d_size, n, nullptr);
     } else {
 #if HWY_TARGET == HWY_AVX3
