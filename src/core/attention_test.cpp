@@ -11,8 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn {
 namespace {
+
+using test::expect_error;
+using test::expect_invalid;
 
 constexpr int kHeads = 4;
 constexpr int kKVHeads = 2;
@@ -20,21 +25,6 @@ constexpr int kHeadSize = 8;
 constexpr int kBlock = 4;
 constexpr std::int64_t kNumBlocks = 8;
 constexpr float kScale = 0.25f;
-
-void expect_error(ErrorKind kind, const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << fragment << "'";
-  }
-}
-
-void expect_invalid(const std::function<void()>& call, const std::string& fragment) {
-  expect_error(ErrorKind::InvalidArgument, call, fragment);
-}
 
 // ------------------------------------------------------------ fake backend
 

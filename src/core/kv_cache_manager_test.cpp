@@ -15,8 +15,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn {
 namespace {
+
+using test::expect_invalid;
 
 constexpr int kBlockSize = 16;
 
@@ -28,16 +32,6 @@ std::vector<std::int32_t> iota_tokens(int n, int first = 100) {
 
 KVCacheManager make_manager(int num_blocks, std::optional<int> window = std::nullopt) {
   return KVCacheManager({num_blocks, kBlockSize, true, window});
-}
-
-void expect_invalid(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected InvalidArgument containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
 }
 
 TEST(BlockHashing, ChainsParentTokensAndExtraKeys) {

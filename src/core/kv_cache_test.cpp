@@ -7,19 +7,12 @@
 #include <functional>
 #include <string>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn {
 namespace {
 
-void expect_invalid(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected InvalidArgument containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << fragment << "'";
-  }
-}
+using test::expect_invalid;
 
 // ------------------------------------------------------------------- specs
 

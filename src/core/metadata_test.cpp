@@ -7,21 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn {
 namespace {
 
-constexpr int kBlockSize = 4;
+using test::expect_invalid;
 
-void expect_invalid(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected InvalidArgument containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << fragment << "'";
-  }
-}
+constexpr int kBlockSize = 4;
 
 std::vector<std::int32_t> host_values(const TensorView& t) {
   std::vector<std::int32_t> out;

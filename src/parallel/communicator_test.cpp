@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "rank_threads_test_util.h"
+#include "testing/rank_threads.h"
 
 namespace pagedattn {
 namespace {

@@ -22,21 +22,13 @@
 #include <utility>
 #include <vector>
 
-#include "rank_threads_test_util.h"
+#include "testing/expect_error.h"
+#include "testing/rank_threads.h"
 
 namespace pagedattn {
 namespace {
 
-void expect_error(ErrorKind kind, const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), kind) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << fragment << "'";
-  }
-}
+using test::expect_error;
 
 using test::run_ranks;
 

@@ -6,19 +6,12 @@
 #include <string>
 #include <utility>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn {
 namespace {
 
-void expect_invalid(const std::function<void()>& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "expected InvalidArgument containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << fragment << "'";
-  }
-}
+using test::expect_invalid;
 
 TEST(TensorParallelShard, SplitsQueryAndKVHeads) {
   // Llama-3-8B (32 query heads, 8 KV heads) on 4 ranks.

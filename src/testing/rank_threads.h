@@ -1,4 +1,4 @@
-// Test helper of src/parallel: runs one thread per rank, as the loopback
+// Test helper: runs one thread per rank, as the loopback
 // communicator's ranks.
 #pragma once
 
