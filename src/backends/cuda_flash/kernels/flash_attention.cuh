@@ -136,7 +136,6 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int head_size = p.head_size;
-  constexpr bool fp8 = kFp8;
   const auto fp8_kind = p.kv_dtype == DType::FP8_E5M2 ? __NV_E5M2 : __NV_E4M3;
   T* q_s = static_cast<T*>(sm.q);
   T* kv_s = static_cast<T*>(sm.kv);
@@ -175,7 +174,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
   const int warp_pos_hi = item.position_begin + (row0 + row_base + kWarpRows - 1) / group;
   const bool plain_scores = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr;
-  const float k_scale = fp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  const float k_scale = kFp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
   const float qk_scale = p.softmax_scale * k_scale;
   const float qk_scale_log2 = qk_scale * kLog2e;
 
@@ -199,7 +198,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int my_run = tid / S::kChunks;
   const bool my_col = my_ch * kChunkElems < head_size;
   const bool runs_in_block = p.dense_kv || p.block_size % S::kKeysPerThread == 0;
-  const std::int64_t kv_elem = fp8 ? 1 : 2;
+  const std::int64_t kv_elem = kFp8 ? 1 : 2;
   const char* k_col =
       static_cast<const char*>(p.key) + (kv_head * p.k_head_stride + my_ch * kChunkElems) * kv_elem;
   const char* v_col =
@@ -551,7 +550,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 
   // ---- finalize: one 8-element chunk of one row per thread iteration ----
   const int chunks = head_size / kChunkElems;
-  const float v_scale = fp8 ? p.v_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  const float v_scale = kFp8 ? p.v_scale[kv_head * p.kv_scale_stride] : 1.0f;
   for (int u = tid; u < rows * chunks; u += kThreads) {
     const int r = u / chunks;
     const int ch = u % chunks;
