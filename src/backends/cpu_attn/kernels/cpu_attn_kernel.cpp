@@ -214,21 +214,28 @@ void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_byte
   }
 }
 
+// Stores the lane sums of four vectors at out[0], out[stride], ... (the first
+// `count`). AVX2 reduces the four together (three hadds and one add instead
+// of four separate reductions).
+template <class D>
+HWY_INLINE void store_sums4(D d, const hn::Vec<D> (&v)[4], float* out, int stride, int count) {
+#if HWY_TARGET == HWY_AVX2
+  static_cast<void>(d);
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(v[0].raw, v[1].raw), _mm256_hadd_ps(v[2].raw, v[3].raw));
+  alignas(16) float sums[4];
+  _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  for (int j = 0; j < count; ++j) out[j * stride] = sums[j];
+#else
+  for (int j = 0; j < count; ++j) out[j * stride] = hn::GetLane(hn::SumOfLanes(d, v[j]));
+#endif
+}
+
 // Stores the sums of kRowBlock accumulators into column i of the score tile
-// (rows r0 .. r0 + rb). AVX2 reduces the four together (three hadds and one
-// add instead of four separate reductions).
+// (rows r0 .. r0 + rb).
 template <class D>
 HWY_INLINE void store_row_sums(D d, const Scratch& sc, int r0, int rb, int i, const hn::Vec<D> (&acc)[kRowBlock]) {
-#if HWY_TARGET == HWY_AVX2
-  static_assert(kRowBlock == 4, "the AVX2 joint reduction sums four rows");
-  static_cast<void>(d);
-  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0].raw, acc[1].raw), _mm256_hadd_ps(acc[2].raw, acc[3].raw));
-  alignas(16) float v[kRowBlock];
-  _mm_store_ps(v, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-  for (int r = 0; r < rb; ++r) sc.s[(r0 + r) * kTileKeys + i] = v[r];
-#else
-  for (int r = 0; r < rb; ++r) sc.s[(r0 + r) * kTileKeys + i] = hn::GetLane(hn::SumOfLanes(d, acc[r]));
-#endif
+  static_assert(kRowBlock == 4, "rows are summed four at a time");
+  store_sums4(d, acc, sc.s + r0 * kTileKeys + i, kTileKeys, rb);
 }
 
 // S[r, i] = q_r . k_i for keys straight from their rows (few rows). Always
@@ -862,6 +869,188 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
   }
 }
 
+// ---- the chunked decode path (few rows) ------------------------------------------
+//
+// A chunk is 2 x Lanes(d) consecutive K/V elements, read as two float vectors.
+// bf16 chunks are read as 32-bit lanes whose low and high halves are already
+// the even and odd elements' float bits (one shift or mask each instead of a
+// widening conversion); the query rows and the accumulator are kept in the
+// same even/odd order and the accumulator is put back in order at the end.
+// Other dtypes keep their order. Scores take several keys per pass and P V
+// several chunks per pass, so every K/V load feeds all rows of a block and
+// kDecodeAccumulators independent FMA chains are in flight.
+constexpr int kDecodeAccumulators = 8;
+
+template <DType KV>
+constexpr bool kEvenOddChunks = KV == DType::BF16;
+
+template <DType KV, class D>
+HWY_INLINE void LoadChunk(D d, const unsigned char* p, hn::Vec<D>& a, hn::Vec<D>& b) {
+  if constexpr (kEvenOddChunks<KV>) {
+    const hn::RebindToUnsigned<D> du;
+    const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+    a = hn::BitCast(d, hn::ShiftLeft<16>(u));
+    b = hn::BitCast(d, hn::And(u, hn::Set(du, 0xFFFF0000u)));
+  } else {
+    a = LoadKV<KV>(d, p);
+    b = LoadKV<KV>(d, p + hn::Lanes(d) * dtype_size(KV));
+  }
+}
+
+// Puts each row of x [rows, d_size] into chunk order (forward) or back into
+// head-dimension order; tmp holds one row.
+template <DType KV>
+void reorder_rows(float* x, float* tmp, int rows, int d_size, int lanes, bool forward) {
+  if constexpr (kEvenOddChunks<KV>) {
+    const int chunk = 2 * lanes;
+    for (int r = 0; r < rows; ++r) {
+      float* row = x + r * d_size;
+      std::copy(row, row + d_size, tmp);
+      for (int c = 0; c < d_size; c += chunk) {
+        for (int j = 0; j < lanes; ++j) {
+          for (int half = 0; half < 2; ++half) {
+            const int ordered = c + 2 * j + half;
+            const int chunked = c + half * lanes + j;
+            row[forward ? chunked : ordered] = tmp[forward ? ordered : chunked];
+          }
+        }
+      }
+    }
+  } else {
+    static_cast<void>(x), static_cast<void>(tmp), static_cast<void>(rows), static_cast<void>(d_size);
+    static_cast<void>(lanes), static_cast<void>(forward);
+  }
+}
+
+// S[r0 .. r0 + kR, i] = q . k_i, kKeys keys per pass (missing keys of the last
+// pass repeat key n - 1 and are not stored).
+template <DType KV, int kR, class D>
+void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows) {
+  constexpr int kKeys = kDecodeAccumulators / kR;
+  // Holding all rows' query vectors would not fit: with four rows the chunks
+  // of the pass's keys stay in registers instead, and the rows stream.
+  constexpr bool kKeysInRegisters = kR == kRowBlock;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const std::size_t esize = dtype_size(KV);
+  const float* q[kR];
+  for (int r = 0; r < kR; ++r) q[r] = sc.q + (r0 + r) * d_size;
+  for (int i0 = 0; i0 < n; i0 += kKeys) {
+    const unsigned char* k[kKeys];
+    for (int j = 0; j < kKeys; ++j) k[j] = k_rows[std::min(i0 + j, n - 1)];
+    hn::Vec<D> acc[kR][kKeys];
+    for (int r = 0; r < kR; ++r) {
+      for (int j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d);
+    }
+    for (int c = 0; c < d_size; c += 2 * lanes) {
+      if constexpr (kKeysInRegisters) {
+        hn::Vec<D> ka[kKeys];
+        hn::Vec<D> kb[kKeys];
+        for (int j = 0; j < kKeys; ++j) LoadChunk<KV>(d, k[j] + c * esize, ka[j], kb[j]);
+        for (int r = 0; r < kR; ++r) {
+          const auto qa = hn::LoadU(d, q[r] + c);
+          const auto qb = hn::LoadU(d, q[r] + c + lanes);
+          for (int j = 0; j < kKeys; ++j) acc[r][j] = hn::MulAdd(qb, kb[j], hn::MulAdd(qa, ka[j], acc[r][j]));
+        }
+      } else {
+        hn::Vec<D> qa[kR];
+        hn::Vec<D> qb[kR];
+        for (int r = 0; r < kR; ++r) {
+          qa[r] = hn::LoadU(d, q[r] + c);
+          qb[r] = hn::LoadU(d, q[r] + c + lanes);
+        }
+        for (int j = 0; j < kKeys; ++j) {
+          hn::Vec<D> ka;
+          hn::Vec<D> kb;
+          LoadChunk<KV>(d, k[j] + c * esize, ka, kb);
+          for (int r = 0; r < kR; ++r) acc[r][j] = hn::MulAdd(qb[r], kb, hn::MulAdd(qa[r], ka, acc[r][j]));
+        }
+      }
+    }
+    const int keys = std::min(kKeys, n - i0);
+    if constexpr (kKeys >= 4) {  // four keys of one row per reduction
+      for (int r = 0; r < kR; ++r) {
+        for (int j0 = 0; j0 < keys; j0 += 4) {
+          const hn::Vec<D> v[4] = {acc[r][j0], acc[r][j0 + 1], acc[r][j0 + 2], acc[r][j0 + 3]};
+          store_sums4(d, v, sc.s + (r0 + r) * kTileKeys + i0 + j0, 1, std::min(4, keys - j0));
+        }
+      }
+    } else {  // four rows of one key per reduction
+      static_assert(kR == 4, "fewer than four keys per pass only with four rows");
+      for (int j = 0; j < keys; ++j) {
+        const hn::Vec<D> v[4] = {acc[0][j], acc[1][j], acc[2][j], acc[3][j]};
+        store_sums4(d, v, sc.s + r0 * kTileKeys + i0 + j, kTileKeys, 4);
+      }
+    }
+  }
+}
+
+// acc[r0 .. r0 + kR] = alpha * acc + P V, kChunks chunks per pass.
+template <DType KV, int kR, int kChunks, class D>
+void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const std::size_t esize = dtype_size(KV);
+  float* a[kR];
+  const float* prob[kR];
+  for (int r = 0; r < kR; ++r) {
+    a[r] = sc.acc + (r0 + r) * d_size;
+    prob[r] = sc.s + (r0 + r) * kTileKeys;
+  }
+  constexpr int kVectors = 2 * kChunks;
+  for (int c0 = 0; c0 < d_size; c0 += kVectors * lanes) {
+    hn::Vec<D> acc[kR][kVectors];
+    for (int r = 0; r < kR; ++r) {
+      const auto alpha = hn::Set(d, sc.alpha[r0 + r]);
+      for (int v = 0; v < kVectors; ++v) acc[r][v] = hn::Mul(hn::Load(d, a[r] + c0 + v * lanes), alpha);
+    }
+    for (int i = 0; i < n; ++i) {
+      hn::Vec<D> pr[kR];
+      for (int r = 0; r < kR; ++r) pr[r] = hn::Set(d, prob[r][i]);
+      for (int ch = 0; ch < kChunks; ++ch) {
+        hn::Vec<D> va;
+        hn::Vec<D> vb;
+        LoadChunk<KV>(d, v_rows[i] + (c0 + 2 * ch * lanes) * esize, va, vb);
+        for (int r = 0; r < kR; ++r) {
+          acc[r][2 * ch] = hn::MulAdd(pr[r], va, acc[r][2 * ch]);
+          acc[r][2 * ch + 1] = hn::MulAdd(pr[r], vb, acc[r][2 * ch + 1]);
+        }
+      }
+    }
+    for (int r = 0; r < kR; ++r) {
+      for (int v = 0; v < kVectors; ++v) hn::Store(acc[r][v], d, a[r] + c0 + v * lanes);
+    }
+  }
+}
+
+// P V for a block of kR rows with as many chunks per pass as fit the
+// accumulators and divide the head size.
+template <DType KV, int kR, class D>
+void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows) {
+  constexpr int kMostChunks = kDecodeAccumulators / (2 * kR);
+  const int chunk = 2 * static_cast<int>(hn::Lanes(d));
+  if constexpr (kMostChunks >= 4) {
+    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kR, 4>(d, sc, r0, d_size, n, v_rows);
+  }
+  if constexpr (kMostChunks >= 2) {
+    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kR, 2>(d, sc, r0, d_size, n, v_rows);
+  }
+  pv_decode<KV, kR, 1>(d, sc, r0, d_size, n, v_rows);
+}
+
+// One tile of the chunked decode path: rows in blocks of four, then two, then one.
+template <DType KV, class D>
+void tile_decode(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
+                 const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
+  const int d_size = p.head_size;
+  int r0 = 0;
+  for (; r0 + kRowBlock <= rows; r0 += kRowBlock) scores_decode<KV, kRowBlock>(d, sc, r0, d_size, n, k_rows);
+  if (rows - r0 >= 2) scores_decode<KV, 2>(d, sc, r0, d_size, n, k_rows);
+  if ((rows - r0) % 2 == 1) scores_decode<KV, 1>(d, sc, rows - 1, d_size, n, k_rows);
+  softmax_tile(d, p, sc, rows, t0, n);
+  for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) pv_decode_block<KV, kRowBlock>(d, sc, r0, d_size, n, v_rows);
+  if (rows - r0 >= 2) pv_decode_block<KV, 2>(d, sc, r0, d_size, n, v_rows);
+  if ((rows - r0) % 2 == 1) pv_decode_block<KV, 1>(d, sc, rows - 1, d_size, n, v_rows);
+}
+
 // Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
 void finish_row(const AttentionParams& p, int token, int head, float m, float l, const float* acc, float v_scale) {
   const int d_size = p.head_size;
@@ -923,11 +1112,14 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   static_cast<void>(dot);
   load_queries(p, item, shape, p.scale * k_scale, sc.q);
 #endif
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  // The chunked decode path; AVX-512 keeps its own decode paths.
+  const bool chunked = HWY_TARGET != HWY_AVX3 && !packed && d_size % (2 * lanes) == 0;
+  if (chunked) reorder_rows<KV>(sc.q, sc.tmp, shape.rows, d_size, lanes, true);
   std::fill(sc.acc, sc.acc + static_cast<std::size_t>(shape.rows) * d_size, 0.0f);
   std::fill(sc.m, sc.m + shape.rows, neg_inf());
   std::fill(sc.l, sc.l + shape.rows, 0.0f);
 
-  const int lanes = static_cast<int>(hn::Lanes(d));
   const auto esize = static_cast<int>(dtype_size(KV));
   const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
   const unsigned char* k_rows[kTileKeys];
@@ -950,6 +1142,10 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
       tile_pointers(p, item, shape, far, far_n, ahead_k, ahead_v);
       prefetch_rows<kKeepInL2>(ahead_k, far_n, row_bytes);
       prefetch_rows<kKeepInL2>(ahead_v, far_n, row_bytes);
+    }
+    if (chunked) {
+      tile_decode<KV>(d, p, sc, shape.rows, t0, n, k_rows, v_rows);
+      continue;
     }
 #if HWY_TARGET == HWY_AVX3
     if (bf16_dot) {
@@ -999,6 +1195,7 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
     }
   }
 
+  if (chunked) reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
   if (item.partial_token >= 0) {
     const std::size_t row_floats = partial_row_floats(d_size);
     float* base = partials.data + static_cast<std::size_t>(item.partial_token) * shape.group * row_floats;
