@@ -8,6 +8,7 @@
 #include "backends/cpu_attn/thread_pool.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -170,6 +171,48 @@ TEST(CpuAttnBackendTest, BatchInvariant) {
   const std::size_t row_bytes = Problem::kHeads * Problem::kHeadSize * sizeof(std::uint16_t);
   ASSERT_EQ(alone.size(), row_bytes);
   EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batched.end() - static_cast<std::ptrdiff_t>(row_bytes)));
+}
+
+// The e4m3 NaN code in one cached V element makes that output element NaN for
+// the rows that see it, on every ISA (the AVX2 decode path converts tiles
+// without the code the cheap way and must notice it); the rest stays finite.
+TEST(CpuAttnBackendTest, E4m3NanCodeInTheCacheGivesNaN) {
+  constexpr std::uint8_t kE4m3Nan = 0x7F;
+  constexpr int kNanBlock = 3;  // a block of request 0 (blocks [0, 100))
+  constexpr int kNanSlot = 5;
+  constexpr int kNanDim = 17;
+  constexpr int kTokens = 21;
+  Problem pr;
+  pr.params.kv_cache_dtype = CacheDType::Fp8E4M3;
+  const Tensor cache = Tensor::zeros(kBackend.kv_cache_shape(Problem::kBlocks, Problem::kBlockSize, Problem::kKvHeads,
+                                                             Problem::kHeadSize, CacheDType::Fp8E4M3),
+                                     DType::FP8_E4M3);
+  const KVCacheView kv = kBackend.unbind_kv_cache(cache);
+  auto* value = static_cast<std::uint8_t*>(kv.value.data());  // [NB, BS, Hkv, D], KV head 0
+  value[kNanBlock * kv.value.stride(0) + kNanSlot * kv.value.stride(1) + kNanDim * kv.value.stride(3)] = kE4m3Nan;
+  LayerQuantState layer;
+  layer.k_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  layer.v_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  const Tensor query = pr.random_tensor({kTokens, Problem::kHeads, Problem::kHeadSize});
+  BuilderParams bp;
+  bp.block_size = Problem::kBlockSize;
+  bp.num_kv_heads = Problem::kKvHeads;
+  bp.head_size = Problem::kHeadSize;
+  const auto md = kBackend.make_builder(bp)->build(pr.metadata({{1, 1500}, {kTokens - 1, 300}}));
+  const cpu_attn::Isa saved = cpu_attn::active_isa();
+  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
+    ASSERT_TRUE(cpu_attn::set_isa(isa));
+    const Tensor out = Tensor::zeros({kTokens, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+    kBackend.make_impl(pr.params)->forward(layer, query, {}, {}, kv, *md, out, {});
+    const std::vector<float> o = to_float_vector(out);
+    for (std::size_t i = 0; i < o.size(); ++i) {
+      const auto head = static_cast<int>(i / Problem::kHeadSize % Problem::kHeads);
+      const bool sees_nan = i < Problem::kHeads * Problem::kHeadSize &&  // token 0, the decode of request 0
+                            head < Problem::kHeads / Problem::kKvHeads && i % Problem::kHeadSize == kNanDim;
+      ASSERT_EQ(std::isnan(o[i]), sees_nan) << cpu_attn::isa_name(isa) << " element " << i;
+    }
+  }
+  cpu_attn::set_isa(saved);
 }
 
 TEST(CpuAttnBackendTest, RejectsBadArgumentsBeforeWriting) {

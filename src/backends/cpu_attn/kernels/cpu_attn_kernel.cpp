@@ -884,9 +884,29 @@ constexpr int kDecodeAccumulators = 8;
 template <DType KV>
 constexpr bool kEvenOddChunks = KV == DType::BF16;
 
-template <DType KV, class D>
+// e4m3 without the NaN code: a sign-extended byte shifted into an IEEE half
+// reads 2^-8 too small (the item's kE4M3HalfRescale), like LoadKV's, once the
+// sign copy that lands in the top exponent bit is cleared. Three operations
+// and the half-to-float conversion instead of LoadKV's eight and three more
+// for NaN.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadE4M3NanFree(D d, const unsigned char* p) {
+  const hn::Rebind<std::int8_t, D> di8;
+  const hn::Rebind<std::int16_t, D> di16;
+  const hn::Rebind<hwy::float16_t, D> dh;
+  constexpr std::int16_t kClearTopExponentBit = static_cast<std::int16_t>(0xBFFF);
+  const auto s = hn::PromoteTo(di16, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(p)));
+  const auto half_bits = hn::And(hn::ShiftLeft<7>(s), hn::Set(di16, kClearTopExponentBit));
+  return hn::PromoteTo(d, hn::BitCast(dh, half_bits));
+}
+
+// kNanFree: the tile holds no e4m3 NaN code (tile_decode checked).
+template <DType KV, bool kNanFree, class D>
 HWY_INLINE void LoadChunk(D d, const unsigned char* p, hn::Vec<D>& a, hn::Vec<D>& b) {
-  if constexpr (kEvenOddChunks<KV>) {
+  if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
+    a = LoadE4M3NanFree(d, p);
+    b = LoadE4M3NanFree(d, p + hn::Lanes(d));
+  } else if constexpr (kEvenOddChunks<KV>) {
     const hn::RebindToUnsigned<D> du;
     const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
     a = hn::BitCast(d, hn::ShiftLeft<16>(u));
@@ -924,7 +944,7 @@ void reorder_rows(float* x, float* tmp, int rows, int d_size, int lanes, bool fo
 
 // S[r0 .. r0 + kR, i] = q . k_i, kKeys keys per pass (missing keys of the last
 // pass repeat key n - 1 and are not stored).
-template <DType KV, int kR, class D>
+template <DType KV, bool kNanFree, int kR, class D>
 void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows) {
   constexpr int kKeys = kDecodeAccumulators / kR;
   // Holding all rows' query vectors would not fit: with four rows the chunks
@@ -945,7 +965,7 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
       if constexpr (kKeysInRegisters) {
         hn::Vec<D> ka[kKeys];
         hn::Vec<D> kb[kKeys];
-        for (int j = 0; j < kKeys; ++j) LoadChunk<KV>(d, k[j] + c * esize, ka[j], kb[j]);
+        for (int j = 0; j < kKeys; ++j) LoadChunk<KV, kNanFree>(d, k[j] + c * esize, ka[j], kb[j]);
         for (int r = 0; r < kR; ++r) {
           const auto qa = hn::LoadU(d, q[r] + c);
           const auto qb = hn::LoadU(d, q[r] + c + lanes);
@@ -961,7 +981,7 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
         for (int j = 0; j < kKeys; ++j) {
           hn::Vec<D> ka;
           hn::Vec<D> kb;
-          LoadChunk<KV>(d, k[j] + c * esize, ka, kb);
+          LoadChunk<KV, kNanFree>(d, k[j] + c * esize, ka, kb);
           for (int r = 0; r < kR; ++r) acc[r][j] = hn::MulAdd(qb[r], kb, hn::MulAdd(qa[r], ka, acc[r][j]));
         }
       }
@@ -985,7 +1005,7 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
 }
 
 // acc[r0 .. r0 + kR] = alpha * acc + P V, kChunks chunks per pass.
-template <DType KV, int kR, int kChunks, class D>
+template <DType KV, bool kNanFree, int kR, int kChunks, class D>
 void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows) {
   const int lanes = static_cast<int>(hn::Lanes(d));
   const std::size_t esize = dtype_size(KV);
@@ -1008,7 +1028,7 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
       for (int ch = 0; ch < kChunks; ++ch) {
         hn::Vec<D> va;
         hn::Vec<D> vb;
-        LoadChunk<KV>(d, v_rows[i] + (c0 + 2 * ch * lanes) * esize, va, vb);
+        LoadChunk<KV, kNanFree>(d, v_rows[i] + (c0 + 2 * ch * lanes) * esize, va, vb);
         for (int r = 0; r < kR; ++r) {
           acc[r][2 * ch] = hn::MulAdd(pr[r], va, acc[r][2 * ch]);
           acc[r][2 * ch + 1] = hn::MulAdd(pr[r], vb, acc[r][2 * ch + 1]);
@@ -1023,32 +1043,70 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
 
 // P V for a block of kR rows with as many chunks per pass as fit the
 // accumulators and divide the head size.
-template <DType KV, int kR, class D>
+template <DType KV, bool kNanFree, int kR, class D>
 void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows) {
   constexpr int kMostChunks = kDecodeAccumulators / (2 * kR);
   const int chunk = 2 * static_cast<int>(hn::Lanes(d));
   if constexpr (kMostChunks >= 4) {
-    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kR, 4>(d, sc, r0, d_size, n, v_rows);
+    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows);
   }
   if constexpr (kMostChunks >= 2) {
-    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kR, 2>(d, sc, r0, d_size, n, v_rows);
+    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows);
   }
-  pv_decode<KV, kR, 1>(d, sc, r0, d_size, n, v_rows);
+  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows);
 }
 
-// One tile of the chunked decode path: rows in blocks of four, then two, then one.
+// Whether any of the n rows holds the e4m3 NaN code (S.1111.111): one
+// compare per vector of bytes, a fraction of what the NaN-exact conversion
+// costs per value.
+template <class D>
+bool has_e4m3_nan(D d, const unsigned char* const* rows, int n, int d_size) {
+  const hn::Repartition<std::uint8_t, D> du8;
+  constexpr std::uint8_t kMagnitude = 0x7F;
+  const auto magnitude = hn::Set(du8, kMagnitude);
+  auto hits = hn::Zero(du8);
+  for (int i = 0; i < n; ++i) {
+    for (int c = 0; c < d_size; c += static_cast<int>(hn::Lanes(du8))) {
+      const auto m = hn::And(hn::LoadU(du8, rows[i] + c), magnitude);
+      hits = hn::Or(hits, hn::VecFromMask(du8, hn::Eq(m, magnitude)));
+    }
+  }
+  static_cast<void>(d);
+  return !hn::AllFalse(du8, hn::Ne(hits, hn::Zero(du8)));
+}
+
+template <DType KV, bool kNanFree, class D>
+void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
+                      const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
+  const int d_size = p.head_size;
+  int r0 = 0;
+  for (; r0 + kRowBlock <= rows; r0 += kRowBlock) {
+    scores_decode<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, k_rows);
+  }
+  if (rows - r0 >= 2) scores_decode<KV, kNanFree, 2>(d, sc, r0, d_size, n, k_rows);
+  if ((rows - r0) % 2 == 1) scores_decode<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, k_rows);
+  softmax_tile(d, p, sc, rows, t0, n);
+  for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) {
+    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows);
+  }
+  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows);
+  if ((rows - r0) % 2 == 1) pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows);
+}
+
+// One tile of the chunked decode path: rows in blocks of four, then two, then
+// one. e4m3 tiles without the NaN code (nearly all) take the cheap conversion.
 template <DType KV, class D>
 void tile_decode(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                  const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
-  const int d_size = p.head_size;
-  int r0 = 0;
-  for (; r0 + kRowBlock <= rows; r0 += kRowBlock) scores_decode<KV, kRowBlock>(d, sc, r0, d_size, n, k_rows);
-  if (rows - r0 >= 2) scores_decode<KV, 2>(d, sc, r0, d_size, n, k_rows);
-  if ((rows - r0) % 2 == 1) scores_decode<KV, 1>(d, sc, rows - 1, d_size, n, k_rows);
-  softmax_tile(d, p, sc, rows, t0, n);
-  for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) pv_decode_block<KV, kRowBlock>(d, sc, r0, d_size, n, v_rows);
-  if (rows - r0 >= 2) pv_decode_block<KV, 2>(d, sc, r0, d_size, n, v_rows);
-  if ((rows - r0) % 2 == 1) pv_decode_block<KV, 1>(d, sc, rows - 1, d_size, n, v_rows);
+  // HWY_SCALAR has no byte vector wider than its one float lane to scan with.
+  if constexpr (KV == DType::FP8_E4M3 && HWY_TARGET != HWY_SCALAR) {
+    const hn::Repartition<std::uint8_t, D> du8;
+    if (p.head_size % static_cast<int>(hn::Lanes(du8)) == 0 && !has_e4m3_nan(d, k_rows, n, p.head_size) &&
+        !has_e4m3_nan(d, v_rows, n, p.head_size)) {
+      return tile_decode_rows<KV, true>(d, p, sc, rows, t0, n, k_rows, v_rows);
+    }
+  }
+  tile_decode_rows<KV, false>(d, p, sc, rows, t0, n, k_rows, v_rows);
 }
 
 // Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
