@@ -1,5 +1,5 @@
-// CUDA_FLASH on a GPU: mixed and split-KV batches against REFERENCE, and CUDA
-// graph capture of a decode step and a mixed step replayed with new metadata.
+// CUDA_FLASH on a GPU: mixed and split-KV batches against REFERENCE, fp8 K/V
+// with queries past the f16 range, and CUDA graph capture of a decode step and a mixed step replayed with new metadata.
 // Skipped without a CUDA device; the full feature grid is the conformance
 // suite (`pagedattn conformance --backend CUDA_FLASH`).
 #include <cuda_runtime_api.h>
@@ -55,10 +55,10 @@ struct Fixture {
   Tensor cache_gpu;
   std::vector<std::int32_t> free_blocks;
 
-  explicit Fixture(std::mt19937& rng) {
+  explicit Fixture(std::mt19937& rng, DType cache_dtype = DType::BF16) {
     const Dims shape{2, kNumBlocks, kBlockSize, kKvHeads, kHeadSize};
     cache_cpu = Tensor::from_floats(random_floats(2ull * kNumBlocks * kBlockSize * kKvHeads * kHeadSize, rng), shape,
-                                    DType::BF16);
+                                    cache_dtype);
     cache_gpu = cache_cpu.to(Device::cuda());
     free_blocks.resize(kNumBlocks - 1);
     std::iota(free_blocks.begin(), free_blocks.end(), 1);  // block 0 is the null block
@@ -78,8 +78,9 @@ struct Fixture {
   }
 };
 
-AttentionImplParams impl_params(Device device) {
+AttentionImplParams impl_params(Device device, CacheDType kv_cache_dtype = CacheDType::Auto) {
   AttentionImplParams p;
+  p.kv_cache_dtype = kv_cache_dtype;
   p.num_heads = kHeads;
   p.head_size = kHeadSize;
   p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
@@ -97,16 +98,18 @@ int num_tokens(const Batch& b) {
 
 // REFERENCE on the CPU: output [T, H, D] and LSE [H, T] as floats.
 std::pair<std::vector<float>, std::vector<float>> reference_run(const Fixture& f, const Batch& batch,
-                                                                const Tensor& query) {
+                                                                const Tensor& query,
+                                                                const AttentionImplParams& params,
+                                                                const LayerQuantState& layer = {}) {
   const AttentionBackend& ref = backend("REFERENCE");
-  auto impl = ref.make_impl(impl_params(Device::cpu()));
+  auto impl = ref.make_impl(params);
   auto builder = ref.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cpu(), {}});
   const auto specs = f.specs(batch);
   const auto md = builder->build(make_common_metadata(specs, {kBlockSize, true, Device::cpu(), 0}));
   const int t = num_tokens(batch);
   Tensor out = Tensor::zeros({t, kHeads, kHeadSize}, DType::BF16);
   Tensor lse = Tensor::zeros({kHeads, t}, DType::F32);
-  impl->forward({}, query, {}, {}, ref.unbind_kv_cache(f.cache_cpu), *md, out, lse);
+  impl->forward(layer, query, {}, {}, ref.unbind_kv_cache(f.cache_cpu), *md, out, lse);
   return {to_float_vector(out), to_float_vector(lse)};
 }
 
@@ -137,7 +140,7 @@ TEST_F(CudaFlashTest, MixedAndSplitBatchesMatchReference) {
     const int t = num_tokens(batch);
     const Tensor query = Tensor::from_floats(random_floats(static_cast<std::size_t>(t) * kHeads * kHeadSize, rng),
                                              {t, kHeads, kHeadSize}, DType::BF16);
-    const auto [want_out, want_lse] = reference_run(f, batch, query);
+    const auto [want_out, want_lse] = reference_run(f, batch, query, impl_params(Device::cpu()));
     auto impl = flash.make_impl(impl_params(Device::cuda()));
     auto builder = flash.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cuda(), {}, kHeads});
     const auto md = builder->build(make_common_metadata(f.specs(batch), {kBlockSize, true, Device::cuda(), 0}));
@@ -147,6 +150,47 @@ TEST_F(CudaFlashTest, MixedAndSplitBatchesMatchReference) {
     expect_close(to_float_vector(out), want_out, "output");
     expect_close(to_float_vector(lse), want_lse, "lse");
   }
+}
+
+// The fp8 kernels compute in f16: bf16 queries past the f16 maximum must be
+// scaled down on the way in (and the scale put back into the scores), or they
+// would turn into inf. Queries ~2^20 with the softmax scale 2^-20 keep the
+// scores ordinary.
+TEST_F(CudaFlashTest, Fp8CacheWithQueriesPastTheF16RangeMatchesReference) {
+  constexpr float kQueryGain = 1048576.0f;  // 2^20
+  std::mt19937 rng(5);
+  const Fixture f(rng, DType::FP8_E4M3);
+  const AttentionBackend& flash = backend(kCudaFlashBackendName);
+  const Batch batch{{1, 700}, {1, 90}, {40, 200}};  // decode items and a prefill item
+  const int t = num_tokens(batch);
+  std::vector<float> q = random_floats(static_cast<std::size_t>(t) * kHeads * kHeadSize, rng);
+  for (float& x : q) x *= kQueryGain;
+  const Tensor query = Tensor::from_floats(q, {t, kHeads, kHeadSize}, DType::BF16);
+  AttentionImplParams cpu = impl_params(Device::cpu(), CacheDType::Fp8E4M3);
+  AttentionImplParams gpu = impl_params(Device::cuda(), CacheDType::Fp8E4M3);
+  cpu.scale /= kQueryGain;
+  gpu.scale /= kQueryGain;
+  const std::vector<float> k_scale{0.5f};
+  const std::vector<float> v_scale{2.0f};
+  LayerQuantState cpu_layer;
+  cpu_layer.k_scale = Tensor::from_floats(k_scale, {1}, DType::F32);
+  cpu_layer.v_scale = Tensor::from_floats(v_scale, {1}, DType::F32);
+  LayerQuantState gpu_layer;
+  gpu_layer.k_scale = Tensor::from_floats(k_scale, {1}, DType::F32, Device::cuda());
+  gpu_layer.v_scale = Tensor::from_floats(v_scale, {1}, DType::F32, Device::cuda());
+  for (LayerQuantState* layer : {&cpu_layer, &gpu_layer}) {
+    layer->k_scale_float = k_scale[0];
+    layer->v_scale_float = v_scale[0];
+  }
+  const auto [want_out, want_lse] = reference_run(f, batch, query, cpu, cpu_layer);
+  auto impl = flash.make_impl(gpu);
+  auto builder = flash.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cuda(), {}, kHeads});
+  const auto md = builder->build(make_common_metadata(f.specs(batch), {kBlockSize, true, Device::cuda(), 0}));
+  Tensor out = Tensor::zeros({t, kHeads, kHeadSize}, DType::BF16, Device::cuda());
+  Tensor lse = Tensor::zeros({kHeads, t}, DType::F32, Device::cuda());
+  impl->forward(gpu_layer, query.to(Device::cuda()), {}, {}, flash.unbind_kv_cache(f.cache_gpu), *md, out, lse);
+  expect_close(to_float_vector(out), want_out, "output");
+  expect_close(to_float_vector(lse), want_lse, "lse");
 }
 
 // Captures one forward on a stream, then replays it after building the plan

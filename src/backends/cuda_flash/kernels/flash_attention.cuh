@@ -123,10 +123,43 @@ struct RunStart {
 };
 
 // One pass: up to kRows packed query rows of an item against its key range.
-template <int kHC, typename T, bool kFp8, bool kDecode>
+// TIO: the query and output dtype. The tensor cores run on Compute<TIO, kFp8>:
+// fp8 K/V always compute in f16, whatever the query dtype. fp8 -> f16 is one
+// hardware conversion per two values and exact for e4m3 and e5m2 alike,
+// where fp8 -> bf16 took five instructions (fp8 -> f16 -> f32 -> bf16) and
+// was what bound the fp8 decode (docs/perf.md, attempt 21). bf16 queries are
+// converted to f16 once per pass, scaled by a power of two that keeps them
+// below the f16 maximum (folded back into the score scale), and P rounds to
+// f16, three more mantissa bits than bf16.
+template <typename TIO, bool kFp8>
+using Compute = std::conditional_t<kFp8, half, TIO>;
+
+inline constexpr unsigned kBf16AbsMask = 0x7FFF;
+inline constexpr unsigned kBf16Inf = 0x7F80;  // the smallest non-finite magnitude pattern
+inline constexpr int kBf16ExpShift = 7;
+// bf16 exponent field of [2^15, 2^16): every bf16 there is below the f16
+// maximum 65504, every larger one is not.
+inline constexpr int kBf16LargestF16Exp = 142;
+
+// Magnitude bit pattern of a bf16 (low 16 bits of `bits`); 0 for inf and NaN,
+// which convert to inf and NaN as they are and must not scale the rest.
+__device__ __forceinline__ unsigned bf16_finite_abs(unsigned bits) {
+  const unsigned a = bits & kBf16AbsMask;
+  return a < kBf16Inf ? a : 0u;
+}
+
+// The power-of-two exponent that brings finite bf16 magnitudes up to the
+// pattern `abs_bits` below the f16 maximum (0 when they fit).
+__device__ __forceinline__ int f16_range_shift(unsigned abs_bits) {
+  const int e = static_cast<int>(abs_bits >> kBf16ExpShift);
+  return e <= kBf16LargestF16Exp ? 0 : e - kBf16LargestF16Exp;
+}
+
+template <int kHC, typename TIO, bool kFp8, bool kDecode>
 __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride,
                          int row0, int rows, const SmemPtrs& sm) {
   using S = Shape<kHC, kFp8>;
+  using T = Compute<TIO, kFp8>;
   constexpr int kRows = kDecode ? kDecodeRows : S::kPassRows;
   constexpr int kMT = kDecode ? 1 : S::kPrefillMTiles;  // 16-row MMA tiles per warp
   constexpr int kWarpRows = kMT * kMmaRows;
@@ -143,16 +176,56 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   __syncthreads();  // the previous pass has finished with shared memory
 
   // ---- query rows -> shared memory (one cp.async group) ----
-  for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
+  const auto query_chunk = [&](int c, bool& valid) {
     const int r = c / S::kChunks;
     const int ch = c % S::kChunks;
-    const bool valid = r < rows && ch * kChunkElems < head_size;
+    valid = r < rows && ch * kChunkElems < head_size;
     const int row = row0 + r;
     const std::int64_t token = item.token_begin + row / group;
     const int head = kv_head * group + row % group;
-    const T* src =
-        static_cast<const T*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
-    cp_async_16(q_s + r * S::kStride + ch * kChunkElems, valid ? src : p.query, valid);
+    return static_cast<const TIO*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
+  };
+  const auto q_dst = [&](int c) { return q_s + (c / S::kChunks) * S::kStride + (c % S::kChunks) * kChunkElems; };
+  int q_shift = 0;  // the queries in shared memory are 2^-q_shift times the given ones
+  if constexpr (std::is_same_v<T, TIO>) {
+    for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
+      bool valid = false;
+      const TIO* src = query_chunk(c, valid);
+      cp_async_16(q_dst(c), valid ? src : p.query, valid);
+    }
+  } else {
+    static_assert(std::is_same_v<TIO, __nv_bfloat16> && std::is_same_v<T, half>, "bf16 queries to f16");
+    __shared__ unsigned q_abs_max;  // bit pattern of the largest |q| of the pass
+    if (tid == 0) q_abs_max = 0;
+    __syncthreads();
+    unsigned local_max = 0;
+    for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
+      bool valid = false;
+      const TIO* src = query_chunk(c, valid);
+      if (!valid) continue;
+      const uint4 v = *reinterpret_cast<const uint4*>(src);
+      const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (const unsigned w : words) local_max = max(local_max, max(bf16_finite_abs(w), bf16_finite_abs(w >> 16)));
+    }
+    atomicMax(&q_abs_max, local_max);
+    __syncthreads();
+    q_shift = f16_range_shift(q_abs_max);
+    for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
+      bool valid = false;
+      const TIO* src = query_chunk(c, valid);
+      float x[kChunkElems] = {};
+      if (valid) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src);
+        const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // a bf16 is the top half of its float
+          x[2 * i] = ldexpf(__uint_as_float(words[i] << 16), -q_shift);
+          x[2 * i + 1] = ldexpf(__uint_as_float(words[i] & 0xFFFF0000u), -q_shift);
+        }
+      }
+      store8<T>(q_dst(c), x);
+    }
   }
   cp_async_commit();
 
@@ -175,7 +248,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int warp_pos_hi = item.position_begin + (row0 + row_base + kWarpRows - 1) / group;
   const bool plain_scores = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr;
   const float k_scale = kFp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
-  const float qk_scale = p.softmax_scale * k_scale;
+  const float qk_scale = ldexpf(p.softmax_scale * k_scale, q_shift);
   const float qk_scale_log2 = qk_scale * kLog2e;
 
   float o[kMT][S::kDTiles][4];
@@ -609,7 +682,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= f;
     const std::int64_t token = item.token_begin + token_rel;
-    store8<T>(static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
+    store8<TIO>(static_cast<TIO*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
               acc);
     if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
   }
