@@ -27,19 +27,23 @@ inline constexpr int kMmaRows = 16;
 inline constexpr int kChunkElems = 8;        // 16-byte chunk of 16-bit elements
 inline constexpr float kRescaleLog2 = 8.0f;  // lazy-rescale threshold, log2 units
 
-// kFp8: the cache holds fp8, staged raw in shared memory and converted to 16
-// bits there (its own instantiation: a different shared-memory layout and
-// pipeline, and the 16-bit kernel keeps its registers for two M-tiles).
+// kFp8: the cache holds fp8, staged raw in shared memory and converted to f16
+// in registers as the MMA fragments are read (its own instantiation: a
+// different shared-memory layout and pipeline, and the 16-bit kernel keeps
+// its registers for two M-tiles).
 template <int kHeadClass, bool kFp8>
 struct Shape {
   static constexpr int kD = kHeadClass;
   static constexpr int kStride = kD + kSmemPad;
   // 16-bit K/V: double-buffer the tiles when both stages fit beside the other
-  // CTA of the SM. fp8: one 16-bit tile, converted from a ring of raw tiles
-  // (half the bytes each), three deep.
+  // CTA of the SM. fp8: a ring of raw tiles (half the bytes each), three deep,
+  // read by ldmatrix and converted in registers.
   static constexpr int kStages = kD <= 128 && !kFp8 ? 2 : 1;
-  static constexpr int kRawStages = 3;                // fp8 only
-  static constexpr int kRawTileBytes = kBlockN * kD;  // one raw K or V tile
+  static constexpr int kRawStages = 3;  // fp8 only
+  // Raw rows padded by 16 bytes: the 8 rows an ldmatrix reads land on 8
+  // distinct groups of 4 banks.
+  static constexpr int kRawStride = kD + 16;
+  static constexpr int kRawTileBytes = kBlockN * kRawStride;  // one raw K or V tile
   // 16-row MMA tiles per warp in a prefill pass: two share every K/V fragment
   // loaded from shared memory (half the shared-memory reads per MMA); the
   // largest class and the fp8 kernels have no registers for a second one.
@@ -51,7 +55,7 @@ struct Shape {
   static constexpr int kQElems = kPassRows * kStride;
   static constexpr int kTileElems = kBlockN * kStride;  // one K or V tile
   static constexpr int kQBytes = kQElems * 2;
-  static constexpr int kKVBytes = kStages * 2 * kTileElems * 2 + (kFp8 ? kRawStages * 2 * kRawTileBytes : 0);
+  static constexpr int kKVBytes = kFp8 ? kRawStages * 2 * kRawTileBytes : kStages * 2 * kTileElems * 2;
   static constexpr int kStageBytes = kPassRows * kD * 4;  // fp32 O of every row
   static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
   static constexpr int kMLBytes = kPassRows * 2 * 4;
@@ -127,7 +131,7 @@ struct RunStart {
 // fp8 K/V always compute in f16, whatever the query dtype. fp8 -> f16 is one
 // hardware conversion per two values and exact for e4m3 and e5m2 alike,
 // where fp8 -> bf16 took five instructions (fp8 -> f16 -> f32 -> bf16) and
-// was what bound the fp8 decode (docs/perf.md, attempt 21). bf16 queries are
+// was what bound the fp8 decode (docs/perf.md, attempts 15-16). bf16 queries are
 // converted to f16 once per pass, scaled by a power of two that keeps them
 // below the f16 maximum (folded back into the score scale), and P rounds to
 // f16, three more mantissa bits than bf16.
@@ -352,38 +356,18 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     });
   };
 
-  // fp8: raw tiles land in a ring of kRawStages slots (8-byte copies in the
-  // same thread layout as the 16-bit copies), so each thread converts exactly
-  // the bytes it copied itself into the one 16-bit buffer the MMAs read.
-  unsigned char* raw_s = reinterpret_cast<unsigned char*>(kv_s + 2 * S::kTileElems);
-  const int raw_offset = my_run * S::kKeysPerThread * kHC + my_ch * kChunkElems;
+  // fp8: raw tiles land in a ring of kRawStages slots through 8-byte copies
+  // in the thread layout of the 16-bit copies; the MMA fragments are read
+  // from them with ldmatrix and converted in registers (no 16-bit tile).
+  unsigned char* raw_s = static_cast<unsigned char*>(sm.kv);
+  const int raw_offset = my_run * S::kKeysPerThread * S::kRawStride + my_ch * kChunkElems;
   const auto issue_raw = [&](int t, RunStart run) {
     unsigned char* k_dst = raw_s + (t % S::kRawStages) * 2 * S::kRawTileBytes + raw_offset;
     unsigned char* v_dst = k_dst + S::kRawTileBytes;
     walk_run(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
-      cp_async_8(k_dst + i * kHC, k_src, valid);
-      cp_async_8(v_dst + i * kHC, v_src, valid);
+      cp_async_8(k_dst + i * S::kRawStride, k_src, valid);
+      cp_async_8(v_dst + i * S::kRawStride, v_src, valid);
     });
-  };
-  const auto convert_raw = [&](int t) {
-    const unsigned char* k_src = raw_s + (t % S::kRawStages) * 2 * S::kRawTileBytes + raw_offset;
-    const unsigned char* v_src = k_src + S::kRawTileBytes;
-    T* k_dst = kv_s + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
-    T* v_dst = k_dst + S::kTileElems;
-    // All loads first, then the conversions: independent work for the
-    // scheduler instead of one load-convert-store chain per key.
-    uint2 k8[S::kKeysPerThread];
-    uint2 v8[S::kKeysPerThread];
-#pragma unroll
-    for (int i = 0; i < S::kKeysPerThread; ++i) {
-      k8[i] = *reinterpret_cast<const uint2*>(k_src + i * kHC);
-      v8[i] = *reinterpret_cast<const uint2*>(v_src + i * kHC);
-    }
-#pragma unroll
-    for (int i = 0; i < S::kKeysPerThread; ++i) {
-      *reinterpret_cast<uint4*>(k_dst + i * S::kStride) = fp8x8_convert<T>(k8[i], fp8_kind);
-      *reinterpret_cast<uint4*>(v_dst + i * S::kStride) = fp8x8_convert<T>(v8[i], fp8_kind);
-    }
   };
   // 16-bit: starts copying tile t into `buf`. With two stages the run start
   // of tile t + 1 is looked up right after, to land while tile t is
@@ -414,6 +398,44 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     // branches would cut the unrolled MMA stream into blocks the scheduler
     // cannot interleave.
     const int d16 = (head_size + 15) / 16;
+    // fp8: each key's 16 dims of a k-chunk are one 16-byte ldmatrix row, so a
+    // thread receives dims 4t .. 4t + 3 of key g, which it uses as the MMA's
+    // k positions 2t, 2t + 1, 2t + 8, 2t + 9; its Q fragment takes the same
+    // dims (one 8-byte load per row). The dot product does not care.
+    const unsigned char* k_raw = raw_s + buf * 2 * S::kRawTileBytes;
+    const unsigned char* v_raw = k_raw + S::kRawTileBytes;
+    const auto qk_fp8 = [&](auto full) {
+      static_assert(!kFp8 || kMT == 1, "fp8 passes have one M-tile per warp");
+#pragma unroll
+      for (int kk = 0; kk < kHC / 16; kk += 2) {
+        if (decltype(full)::value || kk < d16) {  // a chunk past the head size is zeros on both sides
+          std::uint32_t a[2][4];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const uint2 q2 = *reinterpret_cast<const uint2*>(q_s + (row_base + g + 8 * i) * S::kStride +
+                                                                (kk + c) * 16 + 4 * tig);
+              a[c][i] = q2.x;
+              a[c][2 + i] = q2.y;
+            }
+          }
+#pragma unroll
+          for (int nt = 0; nt < kNT; nt += 2) {
+            std::uint32_t r[4];  // (nt, kk), (nt + 1, kk), (nt, kk + 1), (nt + 1, kk + 1)
+            ldsm_x4(r, k_raw + (key_base + nt * 8 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::kRawStride +
+                           (kk + (lane >> 4)) * 16);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              std::uint32_t b0;
+              std::uint32_t b1;
+              fp8x4_to_f16x2(r[j], fp8_kind, b0, b1);
+              Elem<T>::mma(s[0][nt + (j & 1)], a[j >> 1], b0, b1);
+            }
+          }
+        }
+      }
+    };
     const auto qk = [&](auto full) {
 #pragma unroll
       for (int kk = 0; kk < kHC / 16; ++kk) {
@@ -435,7 +457,11 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
         }
       }
     };
-    with_full_head(head_size == kHC, qk);
+    if constexpr (kFp8) {
+      with_full_head(head_size == kHC, qk_fp8);
+    } else {
+      with_full_head(head_size == kHC, qk);
+    }
     // A block whose every (row, key) is visible with plain scores only needs
     // the scale; the rest take scale, soft cap, ALiBi and the masks. Then the
     // online softmax, in the log2 domain.
@@ -543,7 +569,45 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
         }
       }
     };
-    with_full_head(head_size == kHC, pv);
+    // fp8: a transposed ldmatrix row is 16 bytes of one key (16 dims), so a
+    // thread receives dims 2g and 2g + 1 of keys 2t and 2t + 1: the even dims
+    // feed one n-tile and the odd dims another (o[2j], o[2j + 1] of 16-dim
+    // group j; the O stage puts them back in order).
+    const auto pv_fp8 = [&](auto full) {
+#pragma unroll
+      for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
+        std::uint32_t a[4];
+        a[0] = Elem<T>::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
+        a[1] = Elem<T>::pack(s[0][2 * kk][2], s[0][2 * kk][3]);
+        a[2] = Elem<T>::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+        a[3] = Elem<T>::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+#pragma unroll
+        for (int dg = 0; dg < kHC / 16; dg += 2) {
+          if (decltype(full)::value || dg * 16 < head_size) {
+            std::uint32_t r[4];  // keys 0-7 / 8-15 of group dg, then of group dg + 1
+            ldsm_x4_trans(r, v_raw + (key_base + kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * S::kRawStride +
+                                 (dg + (lane >> 4)) * 16);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              constexpr std::uint32_t kEvenThenOddBytes = 0x3120;
+              std::uint32_t even[2];
+              std::uint32_t odd[2];
+#pragma unroll
+              for (int k8 = 0; k8 < 2; ++k8) {
+                fp8x4_to_f16x2(__byte_perm(r[2 * h + k8], 0, kEvenThenOddBytes), fp8_kind, even[k8], odd[k8]);
+              }
+              Elem<T>::mma(o[0][2 * (dg + h)], a, even[0], even[1]);
+              Elem<T>::mma(o[0][2 * (dg + h) + 1], a, odd[0], odd[1]);
+            }
+          }
+        }
+      }
+    };
+    if constexpr (kFp8) {
+      with_full_head(head_size == kHC, pv_fp8);
+    } else {
+      with_full_head(head_size == kHC, pv);
+    }
   };
 
   if constexpr (kFp8) {
@@ -557,17 +621,15 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       cp_async_commit();
     }
     for (int t = 0; t < num_tiles; ++t) {
+      cp_async_wait<S::kRawStages - 2>();
+      __syncthreads();  // tile t landed for every thread; every warp is done with tile t - 1's slot
       const int ahead = t + S::kRawStages - 1;
       if (ahead < num_tiles) {
         issue_raw(ahead, run);
         run = locate(ahead + 1);
       }
       cp_async_commit();  // possibly empty: keeps the group count per tile fixed
-      cp_async_wait<S::kRawStages - 1>();
-      __syncthreads();  // every warp is done with the previous 16-bit tile
-      convert_raw(t);
-      __syncthreads();
-      compute_tile(t, 0);
+      compute_tile(t, t % S::kRawStages);
     }
   } else {
     // ---- the key loop, 16-bit: tile t + 1 in flight while tile t is computed ----
@@ -604,11 +666,21 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       }
       const int r0 = stage_base + mt * kMmaRows + g;  // stage rows r0 and r0 + 8
       float* stage = sm.stage + r0 * kHC;
+      if constexpr (kFp8) {  // o[2j] holds dims 16j + 4t + {0, 2}, o[2j + 1] dims 16j + 4t + {1, 3}
 #pragma unroll
-      for (int dt = 0; dt < S::kDTiles; ++dt) {
-        const int d = dt * 8 + 2 * tig;
-        *reinterpret_cast<float2*>(stage + d) = make_float2(o[mt][dt][0], o[mt][dt][1]);
-        *reinterpret_cast<float2*>(stage + 8 * kHC + d) = make_float2(o[mt][dt][2], o[mt][dt][3]);
+        for (int dg = 0; dg < kHC / 16; ++dg) {
+          const float(&e)[4] = o[mt][2 * dg];
+          const float(&d)[4] = o[mt][2 * dg + 1];
+          *reinterpret_cast<float4*>(stage + dg * 16 + 4 * tig) = make_float4(e[0], d[0], e[1], d[1]);
+          *reinterpret_cast<float4*>(stage + 8 * kHC + dg * 16 + 4 * tig) = make_float4(e[2], d[2], e[3], d[3]);
+        }
+      } else {
+#pragma unroll
+        for (int dt = 0; dt < S::kDTiles; ++dt) {
+          const int d = dt * 8 + 2 * tig;
+          *reinterpret_cast<float2*>(stage + d) = make_float2(o[mt][dt][0], o[mt][dt][1]);
+          *reinterpret_cast<float2*>(stage + 8 * kHC + d) = make_float2(o[mt][dt][2], o[mt][dt][3]);
+        }
       }
       if (tig == 0) {
 #pragma unroll

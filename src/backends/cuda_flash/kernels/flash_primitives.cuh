@@ -35,11 +35,6 @@ struct Elem<half> {
     std::memcpy(&u, &h, sizeof u);
     return u;
   }
-  __device__ __forceinline__ static std::uint32_t from_half2(__half2 h) {
-    std::uint32_t u;
-    std::memcpy(&u, &h, sizeof u);
-    return u;
-  }
 };
 
 template <>
@@ -57,11 +52,6 @@ struct Elem<__nv_bfloat16> {
     std::uint32_t u;
     std::memcpy(&u, &h, sizeof u);
     return u;
-  }
-  // Every fp8 value is exact in bf16, so the detour through float loses nothing.
-  __device__ __forceinline__ static std::uint32_t from_half2(__half2 h) {
-    const float2 f = __half22float2(h);
-    return pack(f.x, f.y);
   }
 };
 
@@ -122,18 +112,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Eight fp8 values (one 8-byte load) -> eight 16-bit values of T (16 bytes).
-template <typename T>
-__device__ __forceinline__ uint4 fp8x8_convert(uint2 v, __nv_fp8_interpretation_t kind) {
-  const std::uint32_t words[2] = {v.x, v.y};
-  std::uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>((words[i / 2] >> (16 * (i % 2))) & 0xFFFFu);
-    const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(pair, kind);
-    out[i] = Elem<T>::from_half2(__half2(raw));
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
+// Four fp8 values (bytes 0..3 of w) -> two f16x2 words: bytes (0, 1) -> lo,
+// bytes (2, 3) -> hi; one hardware conversion each, exact for e4m3 and e5m2.
+__device__ __forceinline__ void fp8x4_to_f16x2(std::uint32_t w, __nv_fp8_interpretation_t kind, std::uint32_t& lo,
+                                               std::uint32_t& hi) {
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), kind);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), kind);
+  lo = static_cast<std::uint32_t>(l.x) | (static_cast<std::uint32_t>(l.y) << 16);
+  hi = static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
 }
 
 // Stores eight floats as T at a 16-byte aligned address.
