@@ -92,7 +92,8 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     cuda::DeviceGuard guard(params_.device.index);
     const int group = params_.num_heads > 0 ? params_.num_heads / params_.num_kv_heads : 1;
     const StepPlan plan =
-        plan_step({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group});
+        plan_step({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group,
+                   params_.head_size});
 
     const TensorView& bt = common.block_table_cpu;
     const std::int64_t bt_rows = bt.defined() ? bt.size(0) : 0;
@@ -146,6 +147,7 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     metadata->partial_heads = partial_heads;
     metadata->device = params_.device.index;
     metadata->head_size = params_.head_size;
+    metadata->decode_only = plan.decode_only;
     return metadata;
   }
 

@@ -257,6 +257,7 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.block_table = plan->block_table;
   k.partial_out = plan->partial_out;
   k.partial_lse = plan->partial_lse;
+  k.decode_only = plan->decode_only;
 
   cuda::DeviceGuard guard(device.index);
   const auto stream = static_cast<cudaStream_t>(cuda::current_stream());

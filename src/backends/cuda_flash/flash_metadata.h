@@ -46,6 +46,7 @@ struct FlashMetadata final : BackendMetadata {
   int partial_heads = 0;  // query heads the partial region was sized for
   int device = 0;
   int head_size = 0;
+  bool decode_only = false;  // the plan has decode items only
 };
 
 std::unique_ptr<AttentionMetadataBuilder> make_flash_builder(const BuilderParams& params);

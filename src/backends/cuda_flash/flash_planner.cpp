@@ -16,9 +16,31 @@ int ceil_div(std::int64_t a, std::int64_t b) { return static_cast<int>((a + b - 
 
 int prefill_tokens_per_item(int group) { return std::max(1, kPrefillRows / std::max(group, 1)); }
 
-int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms) {
-  const std::int64_t slots = static_cast<std::int64_t>(std::max(num_sms, 1)) * kTargetCtasPerSm;
-  if (base_ctas <= 0 || base_ctas >= slots || kv_len <= kMinKeysPerSplit) return 1;
+// How full the last wave of `ctas` CTAs on `slots` slots is, as a fraction of
+// all the waves' slots (1 = whole waves).
+double wave_fill(std::int64_t ctas, std::int64_t slots) {
+  const std::int64_t waves = (ctas + slots - 1) / slots;
+  return static_cast<double>(ctas) / static_cast<double>(waves * slots);
+}
+
+int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_per_sm) {
+  const std::int64_t slots = static_cast<std::int64_t>(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
+  if (base_ctas <= 0 || kv_len <= kMinKeysPerSplit) return 1;
+  if (base_ctas >= slots) {
+    // More than a wave: split only to fill the last wave (512 equal decode
+    // items on 396 slots leave a 0.3-wave tail; three splits each make 3.9
+    // waves), when that fills it by kMinWaveFillGain more.
+    int best = 1;
+    double best_fill = wave_fill(base_ctas, slots);
+    for (int s = 2; s <= kMaxWaveFillSplits && kv_len >= s * kMinKeysPerSplit; ++s) {
+      const double fill = wave_fill(base_ctas * s, slots);
+      if (fill > best_fill + kMinWaveFillGain) {
+        best = s;
+        best_fill = fill;
+      }
+    }
+    return best;
+  }
   // Rounded down: one full wave of CTAs, not a wave and a sliver.
   const auto by_fill = static_cast<int>(slots / base_ctas);
   const int by_keys = ceil_div(kv_len, kMinKeysPerSplit);
@@ -49,10 +71,14 @@ StepPlan plan_step(const PlanInputs& in) {
     }
   }
   const std::int64_t base_ctas = static_cast<std::int64_t>(tiles.size()) * std::max(in.num_kv_heads, 1);
+  plan.decode_only = std::all_of(tiles.begin(), tiles.end(),
+                                 [](const Tile& t) { return t.mode == static_cast<int>(TileMode::Decode); });
+  const bool small_class = in.head_size > 0 && head_size_class(in.head_size) <= kDecodeOnlyMaxClass;
+  const int ctas_per_sm = plan.decode_only && small_class ? kDecodeOnlyCtasPerSm : kTargetCtasPerSm;
 
   for (const Tile& t : tiles) {
     const int kv_len = std::max(t.kv_len, 0);
-    int splits = choose_num_splits(base_ctas, kv_len, in.num_sms);
+    int splits = choose_num_splits(base_ctas, kv_len, in.num_sms, ctas_per_sm);
     // Tile-aligned chunks; the last split may be shorter.
     const int chunk = splits > 1 ? ceil_div(ceil_div(kv_len, splits), kBlockN) * kBlockN : kv_len;
     if (splits > 1) splits = ceil_div(kv_len, chunk);

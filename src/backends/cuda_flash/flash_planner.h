@@ -20,7 +20,13 @@ inline constexpr int kDecodeMaxTokens = 4;
 // Splits are at least this many keys, and at most kMaxSplits per item.
 inline constexpr int kMinKeysPerSplit = 256;
 inline constexpr int kMaxSplits = 64;
-// Resident CTAs per multiprocessor the split heuristic aims to fill.
+// A batch of more than a wave of CTAs is split (at most kMaxWaveFillSplits
+// ways) only when that fills the last wave by at least kMinWaveFillGain of all
+// the waves' slots more: a split costs partial outputs and the merge.
+inline constexpr int kMaxWaveFillSplits = 4;
+inline constexpr double kMinWaveFillGain = 0.05;
+// Resident CTAs per multiprocessor the split heuristic aims to fill (mixed
+// kernels; decode-only steps aim at kDecodeOnlyCtasPerSm).
 inline constexpr int kTargetCtasPerSm = 2;
 
 struct PlanInputs {
@@ -29,6 +35,7 @@ struct PlanInputs {
   int num_kv_heads = 0;
   int num_sms = 0;
   int group = 1;  // query heads per KV head (the largest of the step's layers)
+  int head_size = 0;  // 0 = unknown (plans as for the largest class)
 };
 
 // Query tokens per prefill item: kPrefillRows packed rows (the G query heads
@@ -40,13 +47,14 @@ struct StepPlan {
   std::vector<WorkItem> items;       // heaviest first
   std::vector<CombineItem> combine;  // one per split group
   std::int64_t partial_token_rows = 0;
+  bool decode_only = false;  // every item is a decode item (the decode-only kernels run it)
 };
 
 StepPlan plan_step(const PlanInputs& in);
 
 // Split count of an item over `kv_len` keys when the batch has `base_ctas`
-// CTAs without splitting, on `num_sms` multiprocessors.
-int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms);
+// CTAs without splitting, on `num_sms` multiprocessors holding `ctas_per_sm`.
+int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_per_sm = kTargetCtasPerSm);
 
 // Byte offsets of the workspace regions (header, items, combine, block table,
 // partial outputs, partial LSEs), each aligned to kWorkspaceAlign.

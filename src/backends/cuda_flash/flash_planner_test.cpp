@@ -78,11 +78,39 @@ TEST(FlashPlannerTest, FewLongDecodesAreSplitToFillTheMachine) {
   expect_exact_cover(p, b);
 }
 
+// Decode-only steps of the smaller head classes run the decode-only kernels,
+// which hold kDecodeOnlyCtasPerSm CTAs per multiprocessor: the splits fill that.
+TEST(FlashPlannerTest, DecodeOnlyStepsAimAtTheDecodeOnlyKernelsOccupancy) {
+  const Batch decodes = Batch().add(1, 32768, 8);
+  const auto with_head = [](const Batch& b, int head_size) {
+    return plan_step({b.query_start_loc, b.seq_lens, 8, kH200Sms, 4, head_size});
+  };
+  const StepPlan small = with_head(decodes, 128);
+  EXPECT_TRUE(small.decode_only);
+  EXPECT_EQ(small.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms, kDecodeOnlyCtasPerSm));
+  EXPECT_GT(small.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms));
+  const StepPlan large = with_head(decodes, 256);  // no decode-only kernel for its class
+  EXPECT_TRUE(large.decode_only);
+  EXPECT_EQ(large.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms));
+  const StepPlan mixed = with_head(Batch().add(1, 32768, 8).add(100, 100), 128);
+  EXPECT_FALSE(mixed.decode_only);
+  expect_exact_cover(small, decodes);
+}
+
 TEST(FlashPlannerTest, SplitsKeepAMinimumLength) {
   EXPECT_EQ(choose_num_splits(8, 8192, kH200Sms), 8192 / kMinKeysPerSplit);
   EXPECT_EQ(choose_num_splits(8, kMinKeysPerSplit, kH200Sms), 1);
   EXPECT_EQ(choose_num_splits(1, 1 << 20, kH200Sms), kMaxSplits);
   EXPECT_EQ(choose_num_splits(kH200Sms * kTargetCtasPerSm, 1 << 20, kH200Sms), 1);
+}
+
+// Past one wave, splits only fill the last wave: 512 CTAs on 2 x 132 slots
+// (1.94 waves) stay whole; on 3 x 132 (1.29 waves) three splits make 3.88.
+TEST(FlashPlannerTest, MoreThanAWaveSplitsOnlyToFillTheLastWave) {
+  EXPECT_EQ(choose_num_splits(512, 4096, kH200Sms, 2), 1);
+  EXPECT_EQ(choose_num_splits(512, 4096, kH200Sms, 3), 3);
+  EXPECT_EQ(choose_num_splits(512, 2 * kMinKeysPerSplit, kH200Sms, 3), 2);  // too short for three
+  EXPECT_EQ(choose_num_splits(4 * kH200Sms * 3, 1 << 20, kH200Sms, 3), 1);  // whole waves already
 }
 
 TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {

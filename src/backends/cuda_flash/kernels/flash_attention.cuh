@@ -52,18 +52,29 @@ struct Shape {
   static_assert(kPrefillRows % kPassRows == 0, "a prefill item is a whole number of passes");
   static constexpr int kDTiles = kD / 8;
   static constexpr int kChunks = kD / kChunkElems;
-  static constexpr int kQElems = kPassRows * kStride;
   static constexpr int kTileElems = kBlockN * kStride;  // one K or V tile
-  static constexpr int kQBytes = kQElems * 2;
   static constexpr int kKVBytes = kFp8 ? kRawStages * 2 * kRawTileBytes : kStages * 2 * kTileElems * 2;
-  static constexpr int kStageBytes = kPassRows * kD * 4;  // fp32 O of every row
-  static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
-  static constexpr int kMLBytes = kPassRows * 2 * 4;
-  static constexpr int kSmemBytes = kQBytes + kBodyBytes + kMLBytes;
   // Each thread copies one fixed 8-element column (tid % kChunks) of a run of
   // kKeysPerThread consecutive keys of a tile (run tid / kChunks).
   static constexpr int kKeysPerThread = kBlockN * kChunks / kThreads;
   static_assert(kThreads % kChunks == 0, "a thread's column must not change between its keys");
+};
+
+// Shared memory of a kernel: the query rows of a pass, then the K/V tiles,
+// which the fp32 O stage of the pass's rows (every warp's 16 rows in decode
+// passes) reuses, then (m, l) per stage row. kDecodeOnly kernels hold 16
+// query rows instead of a prefill pass.
+template <int kHeadClass, bool kFp8, bool kDecodeOnly>
+struct SmemLayout {
+  using S = Shape<kHeadClass, kFp8>;
+  static constexpr int kQRows = kDecodeOnly ? kDecodeRows : S::kPassRows;
+  static constexpr int kStageRows = kDecodeOnly ? kWarps * kMmaRows : S::kPassRows;
+  static_assert(S::kPassRows >= kWarps * kMmaRows, "a prefill pass's stage holds every warp's decode rows");
+  static constexpr int kQBytes = kQRows * S::kStride * 2;
+  static constexpr int kStageBytes = kStageRows * kHeadClass * 4;
+  static constexpr int kBodyBytes = S::kKVBytes > kStageBytes ? S::kKVBytes : kStageBytes;
+  static constexpr int kMLBytes = kStageRows * 2 * 4;
+  static constexpr int kSmemBytes = kQBytes + kBodyBytes + kMLBytes;
 };
 
 struct SmemPtrs {
@@ -760,24 +771,29 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   }
 }
 
-template <int kHC, typename T, bool kFp8>
-__global__ void __launch_bounds__(kThreads) attention_kernel(const FlashParams p) {
+// kDecodeOnly: runs every item as decode passes (a prefill item, should a
+// replayed graph meet one, as passes of 16 rows: correct, slower), built for
+// kDecodeOnlyCtasPerSm CTAs per multiprocessor.
+template <int kHC, typename T, bool kFp8, bool kDecodeOnly>
+__global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm : 1)
+    attention_kernel(const FlashParams p) {
   using S = Shape<kHC, kFp8>;
+  using L = SmemLayout<kHC, kFp8, kDecodeOnly>;
   extern __shared__ __align__(16) unsigned char smem[];
-  const SmemPtrs sm{smem, smem + S::kQBytes, reinterpret_cast<float*>(smem + S::kQBytes),
-                    reinterpret_cast<float*>(smem + S::kQBytes + S::kBodyBytes)};
+  const SmemPtrs sm{smem, smem + L::kQBytes, reinterpret_cast<float*>(smem + L::kQBytes),
+                    reinterpret_cast<float*>(smem + L::kQBytes + L::kBodyBytes)};
   const PlanHeader header = *p.header;
   const int kv_head = static_cast<int>(blockIdx.y);
   const int group = p.num_heads / p.num_kv_heads;
   for (int w = static_cast<int>(blockIdx.x); w < header.num_items; w += static_cast<int>(gridDim.x)) {
     const WorkItem item = p.items[w];
     const int rows_total = item.num_tokens * group;
-    if (item.mode == static_cast<int>(TileMode::Decode)) {
+    if (kDecodeOnly || item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
         run_pass<kHC, T, kFp8, true>(p, item, kv_head, group, header.block_table_stride, row0,
                                      min(kDecodeRows, rows_total - row0), sm);
       }
-    } else {
+    } else if constexpr (!kDecodeOnly) {
       for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {
         run_pass<kHC, T, kFp8, false>(p, item, kv_head, group, header.block_table_stride, row0,
                                       min(S::kPassRows, rows_total - row0), sm);
@@ -836,10 +852,11 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
   }
 }
 
-// Launches the attention kernel of one head-size class, dtype and KV storage.
-template <int kHC, typename T, bool kFp8>
+// Launches the attention kernel of one head-size class, dtype, KV storage and
+// step kind.
+template <int kHC, typename T, bool kFp8, bool kDecodeOnly>
 int launch_attention(const FlashParams& p, cudaStream_t stream) {
-  constexpr int kSmem = Shape<kHC, kFp8>::kSmemBytes;
+  constexpr int kSmem = SmemLayout<kHC, kFp8, kDecodeOnly>::kSmemBytes;
   // The shared-memory opt-in, once per device (a host call per launch costs
   // more than a decode step's kernel).
   static std::atomic<std::uint64_t> configured{0};
@@ -847,12 +864,12 @@ int launch_attention(const FlashParams& p, cudaStream_t stream) {
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
   if ((configured.load() & bit) == 0) {
-    const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<kHC, T, kFp8>,
+    const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<kHC, T, kFp8, kDecodeOnly>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     configured.fetch_or(bit);
   }
-  attention_kernel<kHC, T, kFp8>
+  attention_kernel<kHC, T, kFp8, kDecodeOnly>
       <<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)), kThreads, kSmem,
          stream>>>(p);
   return static_cast<int>(cudaGetLastError());
@@ -863,8 +880,18 @@ int launch_attention(const FlashParams& p, cudaStream_t stream) {
 template <int kHC, typename T>
 int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream) {
   if (p.grid_items > 0) {
-    const int rc = is_fp8(p.kv_dtype) ? launch_attention<kHC, T, true>(p, stream)
-                                      : launch_attention<kHC, T, false>(p, stream);
+    const bool fp8 = is_fp8(p.kv_dtype);
+    const auto launch = [&](auto decode_only) {
+      constexpr bool kDecodeOnly = decltype(decode_only)::value;
+      return fp8 ? launch_attention<kHC, T, true, kDecodeOnly>(p, stream)
+                 : launch_attention<kHC, T, false, kDecodeOnly>(p, stream);
+    };
+    int rc = kLaunchOk;
+    if constexpr (kHC <= kDecodeOnlyMaxClass) {
+      rc = p.decode_only ? launch(std::true_type{}) : launch(std::false_type{});
+    } else {
+      rc = launch(std::false_type{});
+    }
     if (rc != kLaunchOk) return rc;
   }
   if (launch_combine && p.grid_combine > 0) {

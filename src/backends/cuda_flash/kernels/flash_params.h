@@ -16,6 +16,12 @@ inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kBlockN = 64;          // keys per shared-memory tile
 inline constexpr int kPrefillRows = 128;    // packed (token, head) rows per prefill item (1-2 passes)
 inline constexpr int kDecodeRows = 16;      // one 16-row MMA tile; the 4 warps split the keys
+// Steps with decode items only run the decode-only kernels (head classes up to
+// kDecodeOnlyMaxClass): the decode path's registers and a 16-row query region
+// let kDecodeOnlyCtasPerSm CTAs share a multiprocessor, where the mixed
+// kernels fit two. The planner aims its splits at that many.
+inline constexpr int kDecodeOnlyMaxClass = 128;
+inline constexpr int kDecodeOnlyCtasPerSm = 3;
 inline constexpr int kMaxHeadSize = 256;
 inline constexpr int kHeadSizeAlign = 8;    // 16-byte vector loads of 16-bit elements
 
@@ -122,6 +128,7 @@ struct FlashParams {
   float* partial_out = nullptr;  // [partial token-rows, H, D]
   float* partial_lse = nullptr;  // [partial token-rows, H]
   int grid_items = 0;            // CTAs along x (the items are strided over them)
+  bool decode_only = false;      // every item of the step is a decode item
   int grid_combine = 0;
 };
 
