@@ -170,9 +170,34 @@ __device__ __forceinline__ int f16_range_shift(unsigned abs_bits) {
   return e <= kBf16LargestF16Exp ? 0 : e - kBf16LargestF16Exp;
 }
 
-template <int kHC, typename TIO, bool kFp8, bool kDecode>
+// Shared-memory word (two f16) of the queries of an fp8 pass that holds dims
+// d, d + 1 (d even) of pass row r. Each 16-row tile and 16-dim chunk is 32
+// lanes x 4 words, a lane's 4 words its A operand in the order of the MMA:
+// dims 4t, 4t + 1 of rows g and g + 8, then dims 4t + 2, 4t + 3 of both (the
+// k positions 2t, 2t + 1, 2t + 8, 2t + 9 of the permuted chunk).
+template <int kHC>
+__device__ __forceinline__ int q_fragment_word(int r, int d) {
+  const int tile = r / kMmaRows;
+  const int rr = r % kMmaRows;
+  const int within = d % 16;
+  const int lane = (rr % 8) * 4 + within / 4;
+  const int word = ((within % 4) / 2) * 2 + rr / 8;
+  return ((tile * (kHC / 16) + d / 16) * 32 + lane) * 4 + word;
+}
+
+// How the cache stores K/V. The fp8 format is a template parameter: chosen at
+// run time inside the key loop, the compiler ran both conversions and
+// selected (a quarter of the fp8 decode's instructions, perf.md attempt 18).
+enum class KvStore { Bits16, E4M3, E5M2 };
+
+template <KvStore kKv>
+inline constexpr bool kIsFp8 = kKv != KvStore::Bits16;
+
+template <int kHC, typename TIO, KvStore kKv, bool kDecode>
 __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride,
                          int row0, int rows, const SmemPtrs& sm) {
+  constexpr bool kFp8 = kIsFp8<kKv>;
+  constexpr __nv_fp8_interpretation_t kFp8Kind = kKv == KvStore::E5M2 ? __NV_E5M2 : __NV_E4M3;
   using S = Shape<kHC, kFp8>;
   using T = Compute<TIO, kFp8>;
   constexpr int kRows = kDecode ? kDecodeRows : S::kPassRows;
@@ -184,7 +209,6 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int head_size = p.head_size;
-  const auto fp8_kind = p.kv_dtype == DType::FP8_E5M2 ? __NV_E5M2 : __NV_E4M3;
   T* q_s = static_cast<T*>(sm.q);
   T* kv_s = static_cast<T*>(sm.kv);
 
@@ -202,44 +226,48 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   };
   const auto q_dst = [&](int c) { return q_s + (c / S::kChunks) * S::kStride + (c % S::kChunks) * kChunkElems; };
   int q_shift = 0;  // the queries in shared memory are 2^-q_shift times the given ones
-  if constexpr (std::is_same_v<T, TIO>) {
+  if constexpr (!kFp8) {
     for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
       bool valid = false;
       const TIO* src = query_chunk(c, valid);
       cp_async_16(q_dst(c), valid ? src : p.query, valid);
     }
   } else {
-    static_assert(std::is_same_v<TIO, __nv_bfloat16> && std::is_same_v<T, half>, "bf16 queries to f16");
-    __shared__ unsigned q_abs_max;  // bit pattern of the largest |q| of the pass
-    if (tid == 0) q_abs_max = 0;
-    __syncthreads();
-    unsigned local_max = 0;
-    for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
-      bool valid = false;
-      const TIO* src = query_chunk(c, valid);
-      if (!valid) continue;
-      const uint4 v = *reinterpret_cast<const uint4*>(src);
-      const unsigned words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (const unsigned w : words) local_max = max(local_max, max(bf16_finite_abs(w), bf16_finite_abs(w >> 16)));
-    }
-    atomicMax(&q_abs_max, local_max);
-    __syncthreads();
-    q_shift = f16_range_shift(q_abs_max);
-    for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
-      bool valid = false;
-      const TIO* src = query_chunk(c, valid);
-      float x[kChunkElems] = {};
-      if (valid) {
+    // fp8 passes: the queries go to f16 through registers, bf16 ones scaled
+    // into the f16 range, and land in MMA-fragment order (q_fragment_word),
+    // so the key loop reads a thread's A operand with one 16-byte load.
+    if constexpr (std::is_same_v<TIO, __nv_bfloat16>) {
+      __shared__ unsigned q_abs_max;  // bit pattern of the largest |q| of the pass
+      if (tid == 0) q_abs_max = 0;
+      __syncthreads();
+      unsigned local_max = 0;
+      for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
+        bool valid = false;
+        const TIO* src = query_chunk(c, valid);
+        if (!valid) continue;
         const uint4 v = *reinterpret_cast<const uint4*>(src);
         const unsigned words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {  // a bf16 is the top half of its float
-          x[2 * i] = ldexpf(__uint_as_float(words[i] << 16), -q_shift);
-          x[2 * i + 1] = ldexpf(__uint_as_float(words[i] & 0xFFFF0000u), -q_shift);
-        }
+        for (const unsigned w : words) local_max = max(local_max, max(bf16_finite_abs(w), bf16_finite_abs(w >> 16)));
       }
-      store8<T>(q_dst(c), x);
+      atomicMax(&q_abs_max, local_max);
+      __syncthreads();
+      q_shift = f16_range_shift(q_abs_max);
+    }
+    auto* q_words = reinterpret_cast<std::uint32_t*>(q_s);
+    for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
+      bool valid = false;
+      const TIO* src = query_chunk(c, valid);
+      uint4 v{0u, 0u, 0u, 0u};
+      if (valid) v = *reinterpret_cast<const uint4*>(src);
+      const unsigned words[4] = {v.x, v.y, v.z, v.w};
+      const int r = c / S::kChunks;
+      const int d0 = (c % S::kChunks) * kChunkElems;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 x = to_float2<TIO>(words[i]);
+        q_words[q_fragment_word<kHC>(r, d0 + 2 * i)] = Elem<T>::pack(ldexpf(x.x, -q_shift), ldexpf(x.y, -q_shift));
+      }
     }
   }
   cp_async_commit();
@@ -412,7 +440,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     // fp8: each key's 16 dims of a k-chunk are one 16-byte ldmatrix row, so a
     // thread receives dims 4t .. 4t + 3 of key g, which it uses as the MMA's
     // k positions 2t, 2t + 1, 2t + 8, 2t + 9; its Q fragment takes the same
-    // dims (one 8-byte load per row). The dot product does not care.
+    // dims (one 16-byte load, q_fragment_word). The dot product does not care.
     const unsigned char* k_raw = raw_s + buf * 2 * S::kRawTileBytes;
     const unsigned char* v_raw = k_raw + S::kRawTileBytes;
     const auto qk_fp8 = [&](auto full) {
@@ -423,13 +451,11 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
           std::uint32_t a[2][4];
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const uint2 q2 = *reinterpret_cast<const uint2*>(q_s + (row_base + g + 8 * i) * S::kStride +
-                                                                (kk + c) * 16 + 4 * tig);
-              a[c][i] = q2.x;
-              a[c][2 + i] = q2.y;
-            }
+            const uint4 q4 = reinterpret_cast<const uint4*>(q_s)[q_fragment_word<kHC>(row_base, (kk + c) * 16) / 4 + lane];
+            a[c][0] = q4.x;
+            a[c][1] = q4.y;
+            a[c][2] = q4.z;
+            a[c][3] = q4.w;
           }
 #pragma unroll
           for (int nt = 0; nt < kNT; nt += 2) {
@@ -440,7 +466,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
             for (int j = 0; j < 4; ++j) {
               std::uint32_t b0;
               std::uint32_t b1;
-              fp8x4_to_f16x2(r[j], fp8_kind, b0, b1);
+              fp8x4_to_f16x2<kFp8Kind>(r[j], b0, b1);
               Elem<T>::mma(s[0][nt + (j & 1)], a[j >> 1], b0, b1);
             }
           }
@@ -605,7 +631,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
               std::uint32_t odd[2];
 #pragma unroll
               for (int k8 = 0; k8 < 2; ++k8) {
-                fp8x4_to_f16x2(__byte_perm(r[2 * h + k8], 0, kEvenThenOddBytes), fp8_kind, even[k8], odd[k8]);
+                fp8x4_to_f16x2<kFp8Kind>(__byte_perm(r[2 * h + k8], 0, kEvenThenOddBytes), even[k8], odd[k8]);
               }
               Elem<T>::mma(o[0][2 * (dg + h)], a, even[0], even[1]);
               Elem<T>::mma(o[0][2 * (dg + h) + 1], a, odd[0], odd[1]);
@@ -774,11 +800,11 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 // kDecodeOnly: runs every item as decode passes (a prefill item, should a
 // replayed graph meet one, as passes of 16 rows: correct, slower), built for
 // kDecodeOnlyCtasPerSm CTAs per multiprocessor.
-template <int kHC, typename T, bool kFp8, bool kDecodeOnly>
+template <int kHC, typename T, KvStore kKv, bool kDecodeOnly>
 __global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm : 1)
     attention_kernel(const FlashParams p) {
-  using S = Shape<kHC, kFp8>;
-  using L = SmemLayout<kHC, kFp8, kDecodeOnly>;
+  using S = Shape<kHC, kIsFp8<kKv>>;
+  using L = SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>;
   extern __shared__ __align__(16) unsigned char smem[];
   const SmemPtrs sm{smem, smem + L::kQBytes, reinterpret_cast<float*>(smem + L::kQBytes),
                     reinterpret_cast<float*>(smem + L::kQBytes + L::kBodyBytes)};
@@ -790,13 +816,13 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm :
     const int rows_total = item.num_tokens * group;
     if (kDecodeOnly || item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
-        run_pass<kHC, T, kFp8, true>(p, item, kv_head, group, header.block_table_stride, row0,
-                                     min(kDecodeRows, rows_total - row0), sm);
+        run_pass<kHC, T, kKv, true>(p, item, kv_head, group, header.block_table_stride, row0,
+                                    min(kDecodeRows, rows_total - row0), sm);
       }
     } else if constexpr (!kDecodeOnly) {
       for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {
-        run_pass<kHC, T, kFp8, false>(p, item, kv_head, group, header.block_table_stride, row0,
-                                      min(S::kPassRows, rows_total - row0), sm);
+        run_pass<kHC, T, kKv, false>(p, item, kv_head, group, header.block_table_stride, row0,
+                                     min(S::kPassRows, rows_total - row0), sm);
       }
     }
   }
@@ -854,9 +880,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
 
 // Launches the attention kernel of one head-size class, dtype, KV storage and
 // step kind.
-template <int kHC, typename T, bool kFp8, bool kDecodeOnly>
+template <int kHC, typename T, KvStore kKv, bool kDecodeOnly>
 int launch_attention(const FlashParams& p, cudaStream_t stream) {
-  constexpr int kSmem = SmemLayout<kHC, kFp8, kDecodeOnly>::kSmemBytes;
+  constexpr int kSmem = SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>::kSmemBytes;
   // The shared-memory opt-in, once per device (a host call per launch costs
   // more than a decode step's kernel).
   static std::atomic<std::uint64_t> configured{0};
@@ -864,12 +890,12 @@ int launch_attention(const FlashParams& p, cudaStream_t stream) {
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
   if ((configured.load() & bit) == 0) {
-    const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<kHC, T, kFp8, kDecodeOnly>,
+    const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<kHC, T, kKv, kDecodeOnly>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     configured.fetch_or(bit);
   }
-  attention_kernel<kHC, T, kFp8, kDecodeOnly>
+  attention_kernel<kHC, T, kKv, kDecodeOnly>
       <<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)), kThreads, kSmem,
          stream>>>(p);
   return static_cast<int>(cudaGetLastError());
@@ -880,11 +906,11 @@ int launch_attention(const FlashParams& p, cudaStream_t stream) {
 template <int kHC, typename T>
 int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream) {
   if (p.grid_items > 0) {
-    const bool fp8 = is_fp8(p.kv_dtype);
     const auto launch = [&](auto decode_only) {
       constexpr bool kDecodeOnly = decltype(decode_only)::value;
-      return fp8 ? launch_attention<kHC, T, true, kDecodeOnly>(p, stream)
-                 : launch_attention<kHC, T, false, kDecodeOnly>(p, stream);
+      if (p.kv_dtype == DType::FP8_E4M3) return launch_attention<kHC, T, KvStore::E4M3, kDecodeOnly>(p, stream);
+      if (p.kv_dtype == DType::FP8_E5M2) return launch_attention<kHC, T, KvStore::E5M2, kDecodeOnly>(p, stream);
+      return launch_attention<kHC, T, KvStore::Bits16, kDecodeOnly>(p, stream);
     };
     int rc = kLaunchOk;
     if constexpr (kHC <= kDecodeOnlyMaxClass) {

@@ -114,12 +114,28 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // Four fp8 values (bytes 0..3 of w) -> two f16x2 words: bytes (0, 1) -> lo,
 // bytes (2, 3) -> hi; one hardware conversion each, exact for e4m3 and e5m2.
-__device__ __forceinline__ void fp8x4_to_f16x2(std::uint32_t w, __nv_fp8_interpretation_t kind, std::uint32_t& lo,
-                                               std::uint32_t& hi) {
-  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), kind);
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), kind);
+template <__nv_fp8_interpretation_t kKind>
+__device__ __forceinline__ void fp8x4_to_f16x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xFFFFu), kKind);
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), kKind);
   lo = static_cast<std::uint32_t>(l.x) | (static_cast<std::uint32_t>(l.y) << 16);
   hi = static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
+}
+
+// The two 16-bit values of a word (low half first) as floats.
+template <typename T>
+__device__ __forceinline__ float2 to_float2(std::uint32_t w);
+
+template <>
+__device__ __forceinline__ float2 to_float2<half>(std::uint32_t w) {
+  __half2 h;
+  std::memcpy(&h, &w, sizeof h);
+  return __half22float2(h);
+}
+
+template <>
+__device__ __forceinline__ float2 to_float2<__nv_bfloat16>(std::uint32_t w) {
+  return {__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u)};  // a bf16 is the top half of its float
 }
 
 // Stores eight floats as T at a 16-byte aligned address.

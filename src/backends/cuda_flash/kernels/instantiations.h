@@ -1,7 +1,9 @@
 // The instantiation matrix of the attention kernel, in one place: head-size
-// classes x {f16, bf16} x {16-bit KV, fp8 KV} (the fp8 kernels stage K/V
-// through registers that would make the 16-bit ones spill; launch_class picks
-// by the cache dtype). A head size runs in the smallest class that holds it
+// classes x {f16, bf16} x {16-bit KV, fp8 e4m3 KV, fp8 e5m2 KV} x {mixed,
+// decode-only (classes up to kDecodeOnlyMaxClass)} (the fp8 kernels stage K/V
+// through registers that would make the 16-bit ones spill; the fp8 format
+// chosen at run time cost both conversions; launch_class picks by the cache
+// dtype and the plan). A head size runs in the smallest class that holds it
 // (the kernel zero-pads the rest), so any multiple of 8 up to 256 is served by
 // three classes. Each class is compiled in its own translation unit
 // (flash_hd<N>.cu) so the CUDA build parallelizes and stays small.
