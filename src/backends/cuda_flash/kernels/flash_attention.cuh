@@ -809,9 +809,12 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm :
   const SmemPtrs sm{smem, smem + L::kQBytes, reinterpret_cast<float*>(smem + L::kQBytes),
                     reinterpret_cast<float*>(smem + L::kQBytes + L::kBodyBytes)};
   const PlanHeader header = *p.header;
-  const int kv_head = static_cast<int>(blockIdx.y);
+  // The KV heads of an item are adjacent CTAs: launched together, they read
+  // whole cache rows of the same blocks (every head of a slot) at once.
+  const int kv_head = static_cast<int>(blockIdx.x) % p.num_kv_heads;
   const int group = p.num_heads / p.num_kv_heads;
-  for (int w = static_cast<int>(blockIdx.x); w < header.num_items; w += static_cast<int>(gridDim.x)) {
+  const int item_stride = static_cast<int>(gridDim.x) / p.num_kv_heads;
+  for (int w = static_cast<int>(blockIdx.x) / p.num_kv_heads; w < header.num_items; w += item_stride) {
     const WorkItem item = p.items[w];
     const int rows_total = item.num_tokens * group;
     if (kDecodeOnly || item.mode == static_cast<int>(TileMode::Decode)) {
@@ -896,8 +899,7 @@ int launch_attention(const FlashParams& p, cudaStream_t stream) {
     configured.fetch_or(bit);
   }
   attention_kernel<kHC, T, kKv, kDecodeOnly>
-      <<<dim3(static_cast<unsigned>(p.grid_items), static_cast<unsigned>(p.num_kv_heads)), kThreads, kSmem,
-         stream>>>(p);
+      <<<static_cast<unsigned>(p.grid_items) * static_cast<unsigned>(p.num_kv_heads), kThreads, kSmem, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 
