@@ -224,13 +224,13 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     const int head = kv_head * group + row % group;
     return static_cast<const TIO*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
   };
-  const auto q_dst = [&](int c) { return q_s + (c / S::kChunks) * S::kStride + (c % S::kChunks) * kChunkElems; };
   int q_shift = 0;  // the queries in shared memory are 2^-q_shift times the given ones
   if constexpr (!kFp8) {
     for (int c = tid; c < kRows * S::kChunks; c += kThreads) {
       bool valid = false;
       const TIO* src = query_chunk(c, valid);
-      cp_async_16(q_dst(c), valid ? src : p.query, valid);
+      T* dst = q_s + (c / S::kChunks) * S::kStride + (c % S::kChunks) * kChunkElems;
+      cp_async_16(dst, valid ? src : p.query, valid);
     }
   } else {
     // fp8 passes: the queries go to f16 through registers, bf16 ones scaled
@@ -915,7 +915,7 @@ int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream)
       return launch_attention<kHC, T, KvStore::Bits16, kDecodeOnly>(p, stream);
     };
     int rc = kLaunchOk;
-    if constexpr (kHC <= kDecodeOnlyMaxClass) {
+    if constexpr (has_decode_only_kernel(kHC)) {
       rc = p.decode_only ? launch(std::true_type{}) : launch(std::false_type{});
     } else {
       rc = launch(std::false_type{});

@@ -22,6 +22,7 @@ inline constexpr int kDecodeRows = 16;      // one 16-row MMA tile; the 4 warps 
 // kernels fit two. The planner aims its splits at that many.
 inline constexpr int kDecodeOnlyMaxClass = 128;
 inline constexpr int kDecodeOnlyCtasPerSm = 3;
+constexpr bool has_decode_only_kernel(int head_class) { return head_class > 0 && head_class <= kDecodeOnlyMaxClass; }
 inline constexpr int kMaxHeadSize = 256;
 inline constexpr int kHeadSizeAlign = 8;    // 16-byte vector loads of 16-bit elements
 
@@ -127,7 +128,7 @@ struct FlashParams {
   const std::int32_t* block_table = nullptr;
   float* partial_out = nullptr;  // [partial token-rows, H, D]
   float* partial_lse = nullptr;  // [partial token-rows, H]
-  int grid_items = 0;            // CTAs along x (the items are strided over them)
+  int grid_items = 0;            // item slots of the 1-D grid, num_kv_heads CTAs each (items strided over them)
   bool decode_only = false;      // every item of the step is a decode item
   int grid_combine = 0;
 };
