@@ -118,6 +118,14 @@ int multiprocessor_count(int device) {
   return n;
 }
 
+int compute_capability(int device) {
+  int major = 0;
+  int minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "compute_capability");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "compute_capability");
+  return major * 10 + minor;
+}
+
 DeviceGuard::DeviceGuard(int device) {
   check_cuda(cudaGetDevice(&previous_), "DeviceGuard");
   if (previous_ != device) check_cuda(cudaSetDevice(device), "DeviceGuard");

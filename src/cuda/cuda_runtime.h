@@ -23,6 +23,8 @@ void* current_stream();
 
 // Number of streaming multiprocessors of a device.
 int multiprocessor_count(int device);
+// Compute capability of `device` as major * 10 + minor (90 for sm_90).
+int compute_capability(int device);
 
 // Makes `device` current for the calling thread for its lifetime.
 class DeviceGuard {

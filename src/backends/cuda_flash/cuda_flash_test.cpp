@@ -279,6 +279,15 @@ TEST_F(CudaFlashTest, GraphCapturedDecodeStepReplaysAPrefillPlanCorrectly) {
                      ReplayCheck::Reference);
 }
 
+// A graph captured on a prefill-only step holds, on sm_90, the wgmma kernel;
+// replayed with a mixed plan it runs the decode items as 128-row passes.
+TEST_F(CudaFlashTest, GraphCapturedPrefillStepReplaysAMixedPlanCorrectly) {
+  std::mt19937 rng(12);
+  const Fixture f(rng);
+  check_graph_replay(f, {{40, 100}, {40, 200}}, {{70, 300}, {1, 700}, {4, 50}, {1, 90}, {4, 4}}, rng,
+                     ReplayCheck::Reference);
+}
+
 TEST_F(CudaFlashTest, GraphCapturedMixedStepReplaysWithNewMetadata) {
   std::mt19937 rng(10);
   const Fixture f(rng);

@@ -80,6 +80,7 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     check_arg(params_.num_kv_heads > 0, kWhere, "num_kv_heads", "> 0", params_.num_kv_heads);
     check_arg(params_.head_size > 0, kWhere, "head_size", "> 0", params_.head_size);
     num_sms_ = cuda::multiprocessor_count(params_.device.index);
+    sm_version_ = cuda::compute_capability(params_.device.index);
   }
 
   std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
@@ -148,12 +149,15 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     metadata->device = params_.device.index;
     metadata->head_size = params_.head_size;
     metadata->decode_only = plan.decode_only;
+    metadata->prefill_only = plan.prefill_only;
+    metadata->sm_version = sm_version_;
     return metadata;
   }
 
  private:
   BuilderParams params_;
   int num_sms_ = 0;
+  int sm_version_ = 0;
   std::shared_ptr<DeviceBuffer> workspace_;
   Capacity cap_;
   WorkspaceLayout layout_;

@@ -257,7 +257,9 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.block_table = plan->block_table;
   k.partial_out = plan->partial_out;
   k.partial_lse = plan->partial_lse;
-  k.decode_only = plan->decode_only;
+  const bool kv_fp8 = k.kv_dtype == DType::FP8_E4M3 || k.kv_dtype == DType::FP8_E5M2;
+  k.kernel = choose_kernel(head_size_class(p.head_size), kv_fp8, plan->decode_only, plan->prefill_only,
+                           plan->sm_version);
 
   cuda::DeviceGuard guard(device.index);
   const auto stream = static_cast<cudaStream_t>(cuda::current_stream());

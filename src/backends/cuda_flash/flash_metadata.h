@@ -46,7 +46,9 @@ struct FlashMetadata final : BackendMetadata {
   int partial_heads = 0;  // query heads the partial region was sized for
   int device = 0;
   int head_size = 0;
-  bool decode_only = false;  // the plan has decode items only
+  bool decode_only = false;   // the plan has decode items only
+  bool prefill_only = false;  // the plan has prefill items only
+  int sm_version = 0;         // the device's compute capability, major * 10 + minor
 };
 
 std::unique_ptr<AttentionMetadataBuilder> make_flash_builder(const BuilderParams& params);

@@ -73,6 +73,9 @@ StepPlan plan_step(const PlanInputs& in) {
   const std::int64_t base_ctas = static_cast<std::int64_t>(tiles.size()) * std::max(in.num_kv_heads, 1);
   plan.decode_only = std::all_of(tiles.begin(), tiles.end(),
                                  [](const Tile& t) { return t.mode == static_cast<int>(TileMode::Decode); });
+  plan.prefill_only = !tiles.empty() && std::none_of(tiles.begin(), tiles.end(), [](const Tile& t) {
+    return t.mode == static_cast<int>(TileMode::Decode);
+  });
   const bool decode_only_kernel = plan.decode_only && has_decode_only_kernel(head_size_class(in.head_size));
   const int ctas_per_sm = decode_only_kernel ? kDecodeOnlyCtasPerSm : kTargetCtasPerSm;
 

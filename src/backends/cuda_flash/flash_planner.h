@@ -47,7 +47,8 @@ struct StepPlan {
   std::vector<WorkItem> items;       // heaviest first
   std::vector<CombineItem> combine;  // one per split group
   std::int64_t partial_token_rows = 0;
-  bool decode_only = false;  // every item is a decode item (the decode-only kernels run it)
+  bool decode_only = false;   // every item is a decode item (choose_kernel: the decode-only kernels)
+  bool prefill_only = false;  // there are items and every one is a prefill item
 };
 
 StepPlan plan_step(const PlanInputs& in);

@@ -97,6 +97,29 @@ TEST(FlashPlannerTest, DecodeOnlyStepsAimAtTheDecodeOnlyKernelsOccupancy) {
   expect_exact_cover(small, decodes);
 }
 
+// The step kind the plan reports picks the kernel: decode-only kernels for
+// classes up to kDecodeOnlyMaxClass, the wgmma kernel for prefill-only steps
+// of its class with 16-bit K/V on sm_90 only, the mixed kernel otherwise.
+TEST(FlashPlannerTest, StepKindAndDeviceChooseTheKernel) {
+  const StepPlan prefill = plan(Batch().add(4096, 4096, 2));
+  EXPECT_TRUE(prefill.prefill_only);
+  EXPECT_FALSE(prefill.decode_only);
+  const StepPlan mixed = plan(Batch().add(4096, 4096).add(1, 500));
+  EXPECT_FALSE(mixed.prefill_only);
+  EXPECT_FALSE(mixed.decode_only);
+  const StepPlan empty = plan(Batch().add(0, 10));
+  EXPECT_FALSE(empty.prefill_only);
+
+  constexpr int kSm80 = 80;
+  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
+  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, true, kSm80), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(kWgmmaClass, true, false, true, kWgmmaSmVersion), KernelKind::Mixed);  // fp8 K/V
+  EXPECT_EQ(choose_kernel(64, false, false, true, kWgmmaSmVersion), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, false, kWgmmaSmVersion), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(kWgmmaClass, false, true, false, kWgmmaSmVersion), KernelKind::DecodeOnly);
+  EXPECT_EQ(choose_kernel(256, false, true, false, kWgmmaSmVersion), KernelKind::Mixed);
+}
+
 TEST(FlashPlannerTest, SplitsKeepAMinimumLength) {
   EXPECT_EQ(choose_num_splits(8, 8192, kH200Sms), 8192 / kMinKeysPerSplit);
   EXPECT_EQ(choose_num_splits(8, kMinKeysPerSplit, kH200Sms), 1);

@@ -2,7 +2,7 @@
 // tensor cores over a paged KV cache, for a mixed batch in one launch.
 //
 // A CTA (4 warps) takes work items from the uploaded work list; its KV head is
-// blockIdx.y. All query heads of that KV head are packed into the rows of one
+// blockIdx.x % num_kv_heads. All query heads of that KV head are packed into the rows of one
 // MMA tile (row = token * group + head_in_group), so each K/V tile is read
 // once per group. Prefill items give each warp 16 rows; decode items give all
 // warps the same 16 rows and split every key tile between the warps, whose
@@ -18,14 +18,13 @@
 #include <type_traits>
 
 #include "flash_params.h"
+#include "instantiations.h"
+#include "flash_pass.cuh"
 #include "flash_primitives.cuh"
 
 namespace pagedattn::cuda_flash::detail {
 
 inline constexpr int kSmemPad = 8;  // elements per row: ldmatrix rows land on distinct banks
-inline constexpr int kMmaRows = 16;
-inline constexpr int kChunkElems = 8;        // 16-byte chunk of 16-bit elements
-inline constexpr float kRescaleLog2 = 8.0f;  // lazy-rescale threshold, log2 units
 
 // kFp8: the cache holds fp8, staged raw in shared memory and converted to f16
 // in registers as the MMA fragments are read (its own instantiation: a
@@ -84,25 +83,6 @@ struct SmemPtrs {
   float* ml;
 };
 
-struct PassRange {
-  int kv_lo;
-  int kv_hi;
-};
-
-__device__ __forceinline__ PassRange pass_range(const FlashParams& p, const WorkItem& item, int group,
-                                                int row0, int rows) {
-  const int p_lo = item.position_begin + row0 / group;
-  const int p_hi = item.position_begin + (row0 + rows - 1) / group;
-  int lo = item.kv_begin;
-  int hi = item.kv_end;
-  if (p.mask == static_cast<int>(MaskKind::Causal)) hi = min(hi, p_hi + 1);
-  if (p.window_kind != static_cast<int>(WindowKind::None)) {
-    lo = max(lo, p_lo - p.window + 1);
-    hi = min(hi, p.window_kind == static_cast<int>(WindowKind::Left) ? p_hi + 1 : p_hi + p.window);
-  }
-  return {lo, hi};
-}
-
 // Calls f(std::true_type) when the head size fills its class (no padded MMA
 // steps to test for), else f(std::false_type).
 template <typename F>
@@ -113,29 +93,6 @@ __device__ __forceinline__ void with_full_head(bool full, F&& f) {
     f(std::false_type{});
   }
 }
-
-// Reduces a thread's scores of row half `i` (elements 2i, 2i + 1 of every
-// n-tile) as a tree: depth log2(2 kNT) instead of a 2 kNT-long dependent chain.
-template <int kNT, typename Op>
-__device__ __forceinline__ float row_reduce(const float (&s)[kNT][4], int i, Op op) {
-  static_assert((kNT & (kNT - 1)) == 0, "a power of two of n-tiles");
-  float v[kNT];
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) v[nt] = op(s[nt][2 * i], s[nt][2 * i + 1]);
-#pragma unroll
-  for (int width = kNT / 2; width >= 1; width /= 2) {
-#pragma unroll
-    for (int nt = 0; nt < width; ++nt) v[nt] = op(v[nt], v[nt + width]);
-  }
-  return v[0];
-}
-
-// Where a thread's run of consecutive keys in a tile starts: the physical
-// block (-1 = read nothing) and the slot of the run's first key.
-struct RunStart {
-  std::int32_t block;
-  std::int32_t slot;
-};
 
 // One pass: up to kRows packed query rows of an item against its key range.
 // TIO: the query and output dtype. The tensor cores run on Compute<TIO, kFp8>:
@@ -216,13 +173,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 
   // ---- query rows -> shared memory (one cp.async group) ----
   const auto query_chunk = [&](int c, bool& valid) {
-    const int r = c / S::kChunks;
-    const int ch = c % S::kChunks;
-    valid = r < rows && ch * kChunkElems < head_size;
-    const int row = row0 + r;
-    const std::int64_t token = item.token_begin + row / group;
-    const int head = kv_head * group + row % group;
-    return static_cast<const TIO*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
+    return query_chunk_src<TIO>(p, item, kv_head, group, row0, rows, c / S::kChunks, c % S::kChunks, valid);
   };
   int q_shift = 0;  // the queries in shared memory are 2^-q_shift times the given ones
   if constexpr (!kFp8) {
@@ -289,7 +240,6 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   // only ever makes the whole-block test below stricter).
   const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
   const int warp_pos_hi = item.position_begin + (row0 + row_base + kWarpRows - 1) / group;
-  const bool plain_scores = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr;
   const float k_scale = kFp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
   const float qk_scale = ldexpf(p.softmax_scale * k_scale, q_shift);
   const float qk_scale_log2 = qk_scale * kLog2e;
@@ -306,90 +256,17 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   }
 
   // This thread copies one 16-byte column (my_ch) of kKeysPerThread
-  // consecutive keys of every tile. When a run cannot straddle a block, it
-  // costs one block-table load and one address; its keys then follow at the
-  // slot stride (dense K/V is one endless block). Other block sizes look up
-  // every key.
+  // consecutive keys of every tile (KvRunWalker).
   const int my_ch = tid % S::kChunks;
   const int my_run = tid / S::kChunks;
-  const bool my_col = my_ch * kChunkElems < head_size;
-  const bool runs_in_block = p.dense_kv || p.block_size % S::kKeysPerThread == 0;
-  const std::int64_t kv_elem = kFp8 ? 1 : 2;
-  const char* k_col =
-      static_cast<const char*>(p.key) + (kv_head * p.k_head_stride + my_ch * kChunkElems) * kv_elem;
-  const char* v_col =
-      static_cast<const char*>(p.value) + (kv_head * p.v_head_stride + my_ch * kChunkElems) * kv_elem;
-  const std::int64_t k_block_bytes = p.k_block_stride * kv_elem;
-  const std::int64_t v_block_bytes = p.v_block_stride * kv_elem;
-  const std::int64_t k_slot_bytes = p.k_slot_stride * kv_elem;
-  const std::int64_t v_slot_bytes = p.v_slot_stride * kv_elem;
-  const std::int32_t* bt_row =
-      p.dense_kv ? nullptr : p.block_table + static_cast<std::int64_t>(item.req) * bt_stride;
-  const auto run_first_key = [&](int t) { return tile_lo + t * kBlockN + my_run * S::kKeysPerThread; };
-
-  const auto locate = [&](int t) {
-    const int j = run_first_key(t);
-    RunStart r{-1, 0};
-    if (runs_in_block && my_col && j < range.kv_hi && j + S::kKeysPerThread > range.kv_lo) {
-      if (p.dense_kv) {
-        r = {0, item.kv_row_begin + j};
-      } else {
-        // The id is range-checked where it is used, a tile later, so this
-        // load's latency hides behind the current tile.
-        const int b = j / p.block_size;
-        r = {bt_row[b], j - b * p.block_size};
-      }
-    }
-    return r;
-  };
-
-  // Calls f(i, valid, k_src, v_src) for key i of this thread's run in tile t.
-  const auto walk_run = [&](int t, RunStart run, auto&& f) {
-    const int j0 = run_first_key(t);
-    if (runs_in_block) {
-      const bool run_ok = run.block >= 0 && (p.dense_kv || run.block < p.num_blocks);
-      const char* k_src = k_col + run.block * k_block_bytes + run.slot * k_slot_bytes;
-      const char* v_src = v_col + run.block * v_block_bytes + run.slot * v_slot_bytes;
-      if (run_ok && j0 >= range.kv_lo && j0 + S::kKeysPerThread <= range.kv_hi) {
-        // The common case, a run wholly inside the range: no per-key tests.
-#pragma unroll
-        for (int i = 0; i < S::kKeysPerThread; ++i) {
-          f(i, true, k_src, v_src);
-          k_src += k_slot_bytes;
-          v_src += v_slot_bytes;
-        }
-        return;
-      }
-#pragma unroll
-      for (int i = 0; i < S::kKeysPerThread; ++i) {
-        const int j = j0 + i;
-        const bool valid = run_ok && j >= range.kv_lo && j < range.kv_hi;
-        f(i, valid, valid ? k_src : k_col, valid ? v_src : v_col);
-        k_src += k_slot_bytes;
-        v_src += v_slot_bytes;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < S::kKeysPerThread; ++i) {
-        const int j = j0 + i;
-        const int b = j / p.block_size;
-        std::int32_t id = -1;
-        if (my_col && j >= range.kv_lo && j < range.kv_hi) {
-          id = bt_row[b];
-          if (id >= p.num_blocks) id = -1;
-        }
-        const bool valid = id >= 0;
-        const std::int64_t slot = j - b * p.block_size;
-        f(i, valid, valid ? k_col + id * k_block_bytes + slot * k_slot_bytes : k_col,
-          valid ? v_col + id * v_block_bytes + slot * v_slot_bytes : v_col);
-      }
-    }
-  };
+  const KvRunWalker<S::kKeysPerThread> walker(p, item, kv_head, bt_stride, range, tile_lo, my_ch, my_run,
+                                               kFp8 ? 1 : 2);
+  const auto locate = [&](int t) { return walker.locate(t); };
 
   const auto issue_tile = [&](int t, int buf, RunStart run) {
     T* k_dst = kv_s + buf * 2 * S::kTileElems + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
     T* v_dst = k_dst + S::kTileElems;
-    walk_run(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+    walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
       cp_async_16(k_dst + i * S::kStride, k_src, valid);
       cp_async_16(v_dst + i * S::kStride, v_src, valid);
     });
@@ -403,7 +280,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const auto issue_raw = [&](int t, RunStart run) {
     unsigned char* k_dst = raw_s + (t % S::kRawStages) * 2 * S::kRawTileBytes + raw_offset;
     unsigned char* v_dst = k_dst + S::kRawTileBytes;
-    walk_run(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+    walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
       cp_async_8(k_dst + i * S::kRawStride, k_src, valid);
       cp_async_8(v_dst + i * S::kRawStride, v_src, valid);
     });
@@ -499,87 +376,12 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     } else {
       with_full_head(head_size == kHC, qk);
     }
-    // A block whose every (row, key) is visible with plain scores only needs
-    // the scale; the rest take scale, soft cap, ALiBi and the masks. Then the
-    // online softmax, in the log2 domain.
-    bool whole = plain_scores && k0 >= range.kv_lo && k_last < range.kv_hi;
-    if (p.mask == static_cast<int>(MaskKind::Causal)) whole = whole && k_last <= warp_pos_lo;
-    if (p.window_kind == static_cast<int>(WindowKind::Left)) {
-      whole = whole && k0 > warp_pos_hi - p.window && k_last <= warp_pos_lo;
-    } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
-      whole = whole && k0 > warp_pos_hi - p.window && k_last < warp_pos_lo + p.window;
-    }
+    // The online softmax, per 16-row M-tile (flash_pass.cuh).
+    const bool whole = whole_block(p, range, k0, k_last, warp_pos_lo, warp_pos_hi);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-      // Whole blocks keep raw scores (the max commutes with the positive
-      // scale) and fold the scale into the exponent's multiply-add.
-      float tile_max[2] = {};
-      const float exp_scale = whole ? qk_scale_log2 : 1.0f;
-      if (!whole) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int row = row0 + thread_row(mt, i);
-          const float slope = p.alibi_slopes != nullptr && row < row0 + rows
-                                  ? p.alibi_slopes[kv_head * group + row % group]
-                                  : 0.0f;
-          const int q_pos = item.position_begin + row / group;
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = k0 + nt * 8 + 2 * tig + e;
-              float x = s[mt][nt][2 * i + e] * qk_scale;
-              if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
-              x += slope * static_cast<float>(j - q_pos);
-              bool visible = j >= range.kv_lo && j < range.kv_hi;
-              if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= q_pos;
-              if (p.window_kind == static_cast<int>(WindowKind::Left)) {
-                visible = visible && j > q_pos - p.window && j <= q_pos;
-              } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
-                visible = visible && j > q_pos - p.window && j < q_pos + p.window;
-              }
-              s[mt][nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
-            }
-          }
-        }
-      }
-      // The running max moves only when a row's max grows by more than
-      // kRescaleLog2 (FlashAttention-4's lazy rescale): the exponentials stay
-      // <= 2^kRescaleLog2, exact in fp32 and bf16 alike, and O and l are
-      // rescaled only then, by the whole warp at once.
-      bool grow = false;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        tile_max[i] = row_reduce<kNT>(s[mt], i, [](float x, float y) { return fmaxf(x, y); });
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-        tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2)) * exp_scale;
-        grow = grow || tile_max[i] > m[mt][i] + kRescaleLog2;
-      }
-      if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float m_new = fmaxf(m[mt][i], tile_max[i]);
-          const float alpha = m_new == -CUDART_INF_F ? 1.0f : exp2_approx(m[mt][i] - m_new);
-          m[mt][i] = m_new;
-          l[mt][i] *= alpha;
-#pragma unroll
-          for (int dt = 0; dt < S::kDTiles; ++dt) {
-            o[mt][dt][2 * i] *= alpha;
-            o[mt][dt][2 * i + 1] *= alpha;
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float m_use =
-            m[mt][i] == -CUDART_INF_F ? 0.0f : m[mt][i];  // all masked so far: avoid inf - inf
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          s[mt][nt][2 * i] = exp2_approx(fmaf(s[mt][nt][2 * i], exp_scale, -m_use));
-          s[mt][nt][2 * i + 1] = exp2_approx(fmaf(s[mt][nt][2 * i + 1], exp_scale, -m_use));
-        }
-        l[mt][i] += row_reduce<kNT>(s[mt], i, [](float x, float y) { return x + y; });
-      }
+      const ScoreRows at{{row0 + thread_row(mt, 0), row0 + thread_row(mt, 1)}, row0 + rows, k0, tig};
+      online_softmax(p, item, kv_head, group, range, at, whole, qk_scale, qk_scale_log2, s[mt], o[mt], m[mt], l[mt]);
     }
     // O += P V: the score accumulators of two adjacent n-tiles form one A
     // operand; each V fragment serves every M-tile of the warp.
@@ -588,12 +390,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
         std::uint32_t a[kMT][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          a[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          a[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          a[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          a[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < kMT; ++mt) scores_to_a<T>(s[mt], kk, a[mt]);
 #pragma unroll
         for (int dt = 0; dt < S::kDTiles; dt += 2) {
           if (decltype(full)::value || dt * 8 < head_size) {
@@ -614,10 +411,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 #pragma unroll
       for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
         std::uint32_t a[4];
-        a[0] = Elem<T>::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
-        a[1] = Elem<T>::pack(s[0][2 * kk][2], s[0][2 * kk][3]);
-        a[2] = Elem<T>::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-        a[3] = Elem<T>::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+        scores_to_a<T>(s[0], kk, a);
 #pragma unroll
         for (int dg = 0; dg < kHC / 16; dg += 2) {
           if (decltype(full)::value || dg * 16 < head_size) {
@@ -696,105 +490,12 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   if (warp_active) {
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
-        l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
-      }
-      const int r0 = stage_base + mt * kMmaRows + g;  // stage rows r0 and r0 + 8
-      float* stage = sm.stage + r0 * kHC;
-      if constexpr (kFp8) {  // o[2j] holds dims 16j + 4t + {0, 2}, o[2j + 1] dims 16j + 4t + {1, 3}
-#pragma unroll
-        for (int dg = 0; dg < kHC / 16; ++dg) {
-          const float(&e)[4] = o[mt][2 * dg];
-          const float(&d)[4] = o[mt][2 * dg + 1];
-          *reinterpret_cast<float4*>(stage + dg * 16 + 4 * tig) = make_float4(e[0], d[0], e[1], d[1]);
-          *reinterpret_cast<float4*>(stage + 8 * kHC + dg * 16 + 4 * tig) = make_float4(e[2], d[2], e[3], d[3]);
-        }
-      } else {
-#pragma unroll
-        for (int dt = 0; dt < S::kDTiles; ++dt) {
-          const int d = dt * 8 + 2 * tig;
-          *reinterpret_cast<float2*>(stage + d) = make_float2(o[mt][dt][0], o[mt][dt][1]);
-          *reinterpret_cast<float2*>(stage + 8 * kHC + d) = make_float2(o[mt][dt][2], o[mt][dt][3]);
-        }
-      }
-      if (tig == 0) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          sm.ml[(r0 + 8 * i) * 2] = m[mt][i];
-          sm.ml[(r0 + 8 * i) * 2 + 1] = l[mt][i];
-        }
-      }
+      stage_warp_rows<kHC, kFp8>(o[mt], m[mt], l[mt], stage_base + mt * kMmaRows + g, tig, sm.stage, sm.ml);
     }
   }
   __syncthreads();
-
-  // ---- finalize: one 8-element chunk of one row per thread iteration ----
-  const int chunks = head_size / kChunkElems;
   const float v_scale = kFp8 ? p.v_scale[kv_head * p.kv_scale_stride] : 1.0f;
-  for (int u = tid; u < rows * chunks; u += kThreads) {
-    const int r = u / chunks;
-    const int ch = u % chunks;
-    float acc[8] = {};
-    float m_tot = -CUDART_INF_F;
-    float l_tot = 0.0f;
-    if (kDecode) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m_tot = fmaxf(m_tot, sm.ml[(w * kMmaRows + r) * 2]);
-      if (m_tot != -CUDART_INF_F) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float f = exp2f(sm.ml[(w * kMmaRows + r) * 2] - m_tot);
-          l_tot += f * sm.ml[(w * kMmaRows + r) * 2 + 1];
-          const float* src = sm.stage + (w * kMmaRows + r) * kHC + ch * kChunkElems;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += f * src[e];
-        }
-      }
-    } else {
-      m_tot = sm.ml[r * 2];
-      l_tot = sm.ml[r * 2 + 1];
-      const float* src = sm.stage + r * kHC + ch * kChunkElems;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = src[e];
-    }
-    const int row = row0 + r;
-    const int token_rel = row / group;
-    const int head = kv_head * group + row % group;
-    const bool empty = m_tot == -CUDART_INF_F;
-    if (item.num_splits > 1) {
-      const std::int64_t prow =
-          static_cast<std::int64_t>(item.partial_index + item.split * item.num_tokens + token_rel) *
-              p.num_heads +
-          head;
-      const float f = empty ? 0.0f : v_scale / l_tot;
-      float* dst = p.partial_out + prow * head_size + ch * kChunkElems;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = acc[e] * f;
-      if (ch == 0) p.partial_lse[prow] = empty ? -CUDART_INF_F : (m_tot + log2f(l_tot)) * kLn2;
-      continue;
-    }
-    float f = 0.0f;
-    float lse = -CUDART_INF_F;
-    if (!empty) {
-      float mm = m_tot;
-      float den = l_tot;
-      if (p.sinks != nullptr) {
-        const float sink = p.sinks[head] * kLog2e;
-        mm = fmaxf(m_tot, sink);
-        den = l_tot * exp2f(m_tot - mm) + exp2f(sink - mm);
-      }
-      f = exp2f(m_tot - mm) * v_scale / den;
-      lse = (mm + log2f(den)) * kLn2;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= f;
-    const std::int64_t token = item.token_begin + token_rel;
-    store8<TIO>(static_cast<TIO*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
-              acc);
-    if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
-  }
+  write_pass_output<kHC, TIO, kDecode, kThreads>(p, item, kv_head, group, row0, rows, sm.stage, sm.ml, v_scale);
 }
 
 // kDecodeOnly: runs every item as decode passes (a prefill item, should a
@@ -886,24 +587,18 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
 template <int kHC, typename T, KvStore kKv, bool kDecodeOnly>
 int launch_attention(const FlashParams& p, cudaStream_t stream) {
   constexpr int kSmem = SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>::kSmemBytes;
-  // The shared-memory opt-in, once per device (a host call per launch costs
-  // more than a decode step's kernel).
   static std::atomic<std::uint64_t> configured{0};
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
-  const std::uint64_t bit = std::uint64_t{1} << (device % 64);
-  if ((configured.load() & bit) == 0) {
-    const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<kHC, T, kKv, kDecodeOnly>,
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (attr != cudaSuccess) return static_cast<int>(attr);
-    configured.fetch_or(bit);
+  if (const int rc = opt_in_shared_memory(attention_kernel<kHC, T, kKv, kDecodeOnly>, kSmem, configured);
+      rc != kLaunchOk) {
+    return rc;
   }
   attention_kernel<kHC, T, kKv, kDecodeOnly>
       <<<static_cast<unsigned>(p.grid_items) * static_cast<unsigned>(p.num_kv_heads), kThreads, kSmem, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 
-// Launches the attention kernel of one head-size class and dtype, then the
+// Launches the attention kernel choose_kernel picked for one head-size class
+// and dtype (the wgmma one lives in its own sm_90a translation unit), then the
 // combine kernel when asked.
 template <int kHC, typename T>
 int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream) {
@@ -915,8 +610,10 @@ int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream)
       return launch_attention<kHC, T, KvStore::Bits16, kDecodeOnly>(p, stream);
     };
     int rc = kLaunchOk;
-    if constexpr (has_decode_only_kernel(kHC)) {
-      rc = p.decode_only ? launch(std::true_type{}) : launch(std::false_type{});
+    if (p.kernel == KernelKind::WgmmaPrefill && kHC == kWgmmaClass) {
+      rc = launch_wgmma_prefill(p, std::is_same_v<T, half> ? DType::F16 : DType::BF16, stream);
+    } else if (p.kernel == KernelKind::DecodeOnly && has_decode_only_kernel(kHC)) {
+      if constexpr (has_decode_only_kernel(kHC)) rc = launch(std::true_type{});
     } else {
       rc = launch(std::false_type{});
     }

@@ -23,6 +23,31 @@ inline constexpr int kDecodeRows = 16;      // one 16-row MMA tile; the 4 warps 
 inline constexpr int kDecodeOnlyMaxClass = 128;
 inline constexpr int kDecodeOnlyCtasPerSm = 3;
 constexpr bool has_decode_only_kernel(int head_class) { return head_class > 0 && head_class <= kDecodeOnlyMaxClass; }
+// Prefill-only steps of head class kWgmmaClass with 16-bit K/V run, on sm_90
+// (Hopper, the sm_90a build), the warpgroup-MMA kernel: two warpgroups per
+// 128-row pass, kWgmmaCtasPerSm CTAs per multiprocessor.
+inline constexpr int kWgmmaClass = 128;
+inline constexpr int kWgmmaCtasPerSm = 1;
+inline constexpr int kWgmmaSmVersion = 90;  // major * 10 + minor: sm_90a code runs on sm_90 only
+
+// The attention kernels of a head-size class; choose_kernel picks one per step.
+enum class KernelKind : std::int32_t {
+  Mixed = 0,         // mma.sync, prefill and decode items in one launch
+  DecodeOnly = 1,    // mma.sync, the decode path only, more CTAs per multiprocessor
+  WgmmaPrefill = 2,  // wgmma (sm_90a), 128-row passes
+};
+
+// The one predicate for "which kernel runs this step": the plan's item modes
+// (all decode / all prefill), the head-size class, the cache storage and the
+// device's compute capability (major * 10 + minor).
+constexpr KernelKind choose_kernel(int head_class, bool kv_fp8, bool decode_only, bool prefill_only,
+                                   int sm_version) {
+  if (decode_only && has_decode_only_kernel(head_class)) return KernelKind::DecodeOnly;
+  if (prefill_only && !kv_fp8 && head_class == kWgmmaClass && sm_version == kWgmmaSmVersion) {
+    return KernelKind::WgmmaPrefill;
+  }
+  return KernelKind::Mixed;
+}
 inline constexpr int kMaxHeadSize = 256;
 inline constexpr int kHeadSizeAlign = 8;    // 16-byte vector loads of 16-bit elements
 
@@ -45,7 +70,7 @@ enum class WindowKind : std::int32_t {
 
 // One CTA's work: query tokens [token_begin, token_begin + num_tokens) of one
 // request (all query heads of the CTA's KV head, packed), over keys
-// [kv_begin, kv_end) of that request. The CTA's KV head is blockIdx.y.
+// [kv_begin, kv_end) of that request. The CTA's KV head is blockIdx.x % num_kv_heads.
 struct WorkItem {
   std::int32_t req = 0;
   std::int32_t token_begin = 0;     // row of the first query token in query/output
@@ -129,7 +154,7 @@ struct FlashParams {
   float* partial_out = nullptr;  // [partial token-rows, H, D]
   float* partial_lse = nullptr;  // [partial token-rows, H]
   int grid_items = 0;            // item slots of the 1-D grid, num_kv_heads CTAs each (items strided over them)
-  bool decode_only = false;      // every item of the step is a decode item
+  KernelKind kernel = KernelKind::Mixed;  // choose_kernel's pick for the step
   int grid_combine = 0;
 };
 

@@ -6,7 +6,9 @@
 // dtype and the plan). A head size runs in the smallest class that holds it
 // (the kernel zero-pads the rest), so any multiple of 8 up to 256 is served by
 // three classes. Each class is compiled in its own translation unit
-// (flash_hd<N>.cu) so the CUDA build parallelizes and stays small.
+// (flash_hd<N>.cu) so the CUDA build parallelizes and stays small. Plus the
+// sm_90a wgmma prefill kernel of class kWgmmaClass x {f16, bf16}, 16-bit K/V
+// only (flash_wgmma_hd128.cu).
 #pragma once
 
 #include <pagedattn/scalar.h>
@@ -22,5 +24,10 @@ namespace pagedattn::cuda_flash {
   int launch_hd##hc(const FlashParams& params, DType dtype, bool launch_combine, void* stream);
 PAGEDATTN_FLASH_HEAD_CLASSES(PAGEDATTN_FLASH_DECLARE_CLASS)
 #undef PAGEDATTN_FLASH_DECLARE_CLASS
+
+// The wgmma prefill kernel (class kWgmmaClass, f16 and bf16, 16-bit K/V),
+// compiled for sm_90a only (flash_wgmma_hd128.cu); launched by launch_class
+// when choose_kernel picks KernelKind::WgmmaPrefill.
+int launch_wgmma_prefill(const FlashParams& params, DType dtype, void* stream);
 
 }  // namespace pagedattn::cuda_flash

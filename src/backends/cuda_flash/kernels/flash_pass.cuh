@@ -1,0 +1,448 @@
+// The parts of a CUDA_FLASH pass that do not depend on how its MMAs run:
+// the key range, the K/V copy walk over the paged cache, the online softmax
+// of one warp's 16 rows, and the output epilogue. The mma.sync kernels
+// (flash_attention.cuh) and the sm_90a wgmma kernel (flash_wgmma_prefill.cuh)
+// share them, so both give the same results for the same scores.
+#pragma once
+
+#include <math_constants.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "flash_params.h"
+#include "flash_primitives.cuh"
+
+namespace pagedattn::cuda_flash::detail {
+
+inline constexpr int kMmaRows = 16;
+inline constexpr int kChunkElems = 8;        // 16-byte chunk of 16-bit elements
+inline constexpr float kRescaleLog2 = 8.0f;  // lazy-rescale threshold, log2 units
+
+struct PassRange {
+  int kv_lo;
+  int kv_hi;
+};
+
+// Keys any row of pass rows [row0, row0 + rows) of an item can see.
+__device__ __forceinline__ PassRange pass_range(const FlashParams& p, const WorkItem& item, int group,
+                                                int row0, int rows) {
+  const int p_lo = item.position_begin + row0 / group;
+  const int p_hi = item.position_begin + (row0 + rows - 1) / group;
+  int lo = item.kv_begin;
+  int hi = item.kv_end;
+  if (p.mask == static_cast<int>(MaskKind::Causal)) hi = min(hi, p_hi + 1);
+  if (p.window_kind != static_cast<int>(WindowKind::None)) {
+    lo = max(lo, p_lo - p.window + 1);
+    hi = min(hi, p.window_kind == static_cast<int>(WindowKind::Left) ? p_hi + 1 : p_hi + p.window);
+  }
+  return {lo, hi};
+}
+
+// The query chunk (8 elements) `ch` of pass row r: its address, and whether
+// it exists (row inside the pass, chunk inside the head).
+template <typename TIO>
+__device__ __forceinline__ const TIO* query_chunk_src(const FlashParams& p, const WorkItem& item, int kv_head,
+                                                      int group, int row0, int rows, int r, int ch, bool& valid) {
+  valid = r < rows && ch * kChunkElems < p.head_size;
+  const int row = row0 + r;
+  const std::int64_t token = item.token_begin + row / group;
+  const int head = kv_head * group + row % group;
+  return static_cast<const TIO*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
+}
+
+// Reduces a thread's scores of row half `i` (elements 2i, 2i + 1 of every
+// n-tile) as a tree: depth log2(2 kNT) instead of a 2 kNT-long dependent chain.
+template <int kNT, typename Op>
+__device__ __forceinline__ float row_reduce(const float (&s)[kNT][4], int i, Op op) {
+  static_assert((kNT & (kNT - 1)) == 0, "a power of two of n-tiles");
+  float v[kNT];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) v[nt] = op(s[nt][2 * i], s[nt][2 * i + 1]);
+#pragma unroll
+  for (int width = kNT / 2; width >= 1; width /= 2) {
+#pragma unroll
+    for (int nt = 0; nt < width; ++nt) v[nt] = op(v[nt], v[nt + width]);
+  }
+  return v[0];
+}
+
+// Where a thread's run of consecutive keys in a tile starts: the physical
+// block (-1 = read nothing) and the slot of the run's first key.
+struct RunStart {
+  std::int32_t block;
+  std::int32_t slot;
+};
+
+// A thread's share of the K/V copies of a pass: one 8-element column (my_ch)
+// of a run of kKeysPerRun consecutive keys (run my_run) of every key tile.
+// When a run cannot straddle a block it costs one block-table load and one
+// address; its keys then follow at the slot stride (dense K/V is one endless
+// block). Other block sizes look up every key. Slots outside the key range
+// and block ids out of range are never read.
+template <int kKeysPerRun>
+struct KvRunWalker {
+  const FlashParams& p;
+  PassRange range;
+  int tile_lo;
+  int my_run;
+  bool my_col;
+  bool runs_in_block;
+  int kv_row_begin;
+  const char* k_col;
+  const char* v_col;
+  std::int64_t k_block_bytes;
+  std::int64_t v_block_bytes;
+  std::int64_t k_slot_bytes;
+  std::int64_t v_slot_bytes;
+  const std::int32_t* bt_row;
+
+  // kv_elem: bytes per cached element (2, or 1 for fp8).
+  __device__ __forceinline__ KvRunWalker(const FlashParams& params, const WorkItem& item, int kv_head,
+                                         int bt_stride, PassRange pass, int first_tile_key, int my_ch, int run,
+                                         std::int64_t kv_elem)
+      : p(params),
+        range(pass),
+        tile_lo(first_tile_key),
+        my_run(run),
+        my_col(my_ch * kChunkElems < params.head_size),
+        runs_in_block(params.dense_kv || params.block_size % kKeysPerRun == 0),
+        kv_row_begin(item.kv_row_begin),
+        k_col(static_cast<const char*>(params.key) + (kv_head * params.k_head_stride + my_ch * kChunkElems) * kv_elem),
+        v_col(static_cast<const char*>(params.value) +
+              (kv_head * params.v_head_stride + my_ch * kChunkElems) * kv_elem),
+        k_block_bytes(params.k_block_stride * kv_elem),
+        v_block_bytes(params.v_block_stride * kv_elem),
+        k_slot_bytes(params.k_slot_stride * kv_elem),
+        v_slot_bytes(params.v_slot_stride * kv_elem),
+        bt_row(params.dense_kv ? nullptr : params.block_table + static_cast<std::int64_t>(item.req) * bt_stride) {}
+
+  __device__ __forceinline__ int first_key(int t) const { return tile_lo + t * kBlockN + my_run * kKeysPerRun; }
+
+  __device__ __forceinline__ RunStart locate(int t) const {
+    const int j = first_key(t);
+    RunStart r{-1, 0};
+    if (runs_in_block && my_col && j < range.kv_hi && j + kKeysPerRun > range.kv_lo) {
+      if (p.dense_kv) {
+        r = {0, kv_row_begin + j};
+      } else {
+        // The id is range-checked where it is used, a tile later, so this
+        // load's latency hides behind the current tile.
+        const int b = j / p.block_size;
+        r = {bt_row[b], j - b * p.block_size};
+      }
+    }
+    return r;
+  }
+
+  // Calls f(i, valid, k_src, v_src) for key i of this thread's run in tile t.
+  template <typename F>
+  __device__ __forceinline__ void walk(int t, RunStart run, F&& f) const {
+    const int j0 = first_key(t);
+    if (runs_in_block) {
+      const bool run_ok = run.block >= 0 && (p.dense_kv || run.block < p.num_blocks);
+      const char* k_src = k_col + run.block * k_block_bytes + run.slot * k_slot_bytes;
+      const char* v_src = v_col + run.block * v_block_bytes + run.slot * v_slot_bytes;
+      if (run_ok && j0 >= range.kv_lo && j0 + kKeysPerRun <= range.kv_hi) {
+        // The common case, a run wholly inside the range: no per-key tests.
+#pragma unroll
+        for (int i = 0; i < kKeysPerRun; ++i) {
+          f(i, true, k_src, v_src);
+          k_src += k_slot_bytes;
+          v_src += v_slot_bytes;
+        }
+        return;
+      }
+#pragma unroll
+      for (int i = 0; i < kKeysPerRun; ++i) {
+        const int j = j0 + i;
+        const bool valid = run_ok && j >= range.kv_lo && j < range.kv_hi;
+        f(i, valid, valid ? k_src : k_col, valid ? v_src : v_col);
+        k_src += k_slot_bytes;
+        v_src += v_slot_bytes;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kKeysPerRun; ++i) {
+        const int j = j0 + i;
+        const int b = j / p.block_size;
+        std::int32_t id = -1;
+        if (my_col && j >= range.kv_lo && j < range.kv_hi) {
+          id = bt_row[b];
+          if (id >= p.num_blocks) id = -1;
+        }
+        const bool valid = id >= 0;
+        const std::int64_t slot = j - b * p.block_size;
+        f(i, valid, valid ? k_col + id * k_block_bytes + slot * k_slot_bytes : k_col,
+          valid ? v_col + id * v_block_bytes + slot * v_slot_bytes : v_col);
+      }
+    }
+  }
+};
+
+// Whether keys [k0, k_last] are visible to every row of positions
+// [pos_lo, pos_hi] with plain scores (no soft cap, no ALiBi): such a block
+// needs neither masks nor per-score transforms.
+__device__ __forceinline__ bool whole_block(const FlashParams& p, PassRange range, int k0, int k_last, int pos_lo,
+                                            int pos_hi) {
+  bool whole = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr && k0 >= range.kv_lo && k_last < range.kv_hi;
+  if (p.mask == static_cast<int>(MaskKind::Causal)) whole = whole && k_last <= pos_lo;
+  if (p.window_kind == static_cast<int>(WindowKind::Left)) {
+    whole = whole && k0 > pos_hi - p.window && k_last <= pos_lo;
+  } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
+    whole = whole && k0 > pos_hi - p.window && k_last < pos_lo + p.window;
+  }
+  return whole;
+}
+
+// Where a thread's two rows (g, g + 8 of a warp's 16-row tile) and keys are.
+struct ScoreRows {
+  int row[2];   // pass-relative row + row0: the item's packed row
+  int row_end;  // row0 + rows: rows at or past it are padding
+  int k0;       // first key of the warp's block
+  int tig;      // lane % 4: the thread's key pair in each 8-key n-tile
+};
+
+// The factor O must be multiplied by after a softmax step, when `any`.
+struct Rescale {
+  float alpha[2];
+  bool any;
+};
+
+template <int kDT>
+__device__ __forceinline__ void apply_rescale(const Rescale& r, float (&o)[kDT][4]) {
+  if (!r.any) return;
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) {
+    o[dt][0] *= r.alpha[0];
+    o[dt][1] *= r.alpha[0];
+    o[dt][2] *= r.alpha[1];
+    o[dt][3] *= r.alpha[1];
+  }
+}
+
+// The online softmax of one warp's 16 rows over a block of kNT * 8 keys:
+// raw scores s in, probabilities (scaled by 2^-m) out; m and l updated, and
+// the factor O needs returned (apart, so a kernel whose O is still being
+// written by an asynchronous MMA can scale it later). Whole blocks keep raw
+// scores (the max commutes with the positive scale) and fold the scale into
+// the exponent's multiply-add; the others take scale, soft cap, ALiBi and the
+// masks per score. Log2 domain.
+template <int kNT>
+__device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const WorkItem& item, int kv_head, int group,
+                                                  PassRange range, const ScoreRows& at, bool whole, float qk_scale,
+                                                  float qk_scale_log2, float (&s)[kNT][4], float (&m)[2],
+                                                  float (&l)[2]) {
+  float tile_max[2] = {};
+  const float exp_scale = whole ? qk_scale_log2 : 1.0f;
+  if (!whole) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = at.row[i];
+      const float slope =
+          p.alibi_slopes != nullptr && row < at.row_end ? p.alibi_slopes[kv_head * group + row % group] : 0.0f;
+      const int q_pos = item.position_begin + row / group;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = at.k0 + nt * 8 + 2 * at.tig + e;
+          float x = s[nt][2 * i + e] * qk_scale;
+          if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+          x += slope * static_cast<float>(j - q_pos);
+          bool visible = j >= range.kv_lo && j < range.kv_hi;
+          if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= q_pos;
+          if (p.window_kind == static_cast<int>(WindowKind::Left)) {
+            visible = visible && j > q_pos - p.window && j <= q_pos;
+          } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
+            visible = visible && j > q_pos - p.window && j < q_pos + p.window;
+          }
+          s[nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
+        }
+      }
+    }
+  }
+  // The running max moves only when a row's max grows by more than
+  // kRescaleLog2 (FlashAttention-4's lazy rescale): the exponentials stay
+  // <= 2^kRescaleLog2, exact in fp32 and bf16 alike, and O and l are
+  // rescaled only then, by the whole warp at once.
+  Rescale rescale{{1.0f, 1.0f}, false};
+  bool grow = false;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    tile_max[i] = row_reduce<kNT>(s, i, [](float x, float y) { return fmaxf(x, y); });
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+    tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2)) * exp_scale;
+    grow = grow || tile_max[i] > m[i] + kRescaleLog2;
+  }
+  if (__any_sync(0xffffffffu, grow)) {
+    rescale.any = true;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m[i], tile_max[i]);
+      rescale.alpha[i] = m_new == -CUDART_INF_F ? 1.0f : exp2_approx(m[i] - m_new);
+      m[i] = m_new;
+      l[i] *= rescale.alpha[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float m_use = m[i] == -CUDART_INF_F ? 0.0f : m[i];  // all masked so far: avoid inf - inf
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      s[nt][2 * i] = exp2_approx(fmaf(s[nt][2 * i], exp_scale, -m_use));
+      s[nt][2 * i + 1] = exp2_approx(fmaf(s[nt][2 * i + 1], exp_scale, -m_use));
+    }
+    l[i] += row_reduce<kNT>(s, i, [](float x, float y) { return x + y; });
+  }
+  return rescale;
+}
+
+// softmax_scores, then O rescaled at once.
+template <int kNT, int kDT>
+__device__ __forceinline__ void online_softmax(const FlashParams& p, const WorkItem& item, int kv_head, int group,
+                                               PassRange range, const ScoreRows& at, bool whole, float qk_scale,
+                                               float qk_scale_log2, float (&s)[kNT][4], float (&o)[kDT][4],
+                                               float (&m)[2], float (&l)[2]) {
+  apply_rescale(softmax_scores(p, item, kv_head, group, range, at, whole, qk_scale, qk_scale_log2, s, m, l), o);
+}
+
+// The A operand of P V for keys 16 kk .. 16 kk + 15: the score accumulators of
+// n-tiles 2 kk and 2 kk + 1 (the m16n8 C layout is the m16k16 A layout).
+template <typename T, int kNT>
+__device__ __forceinline__ void scores_to_a(const float (&s)[kNT][4], int kk, std::uint32_t (&a)[4]) {
+  a[0] = Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// Stages a warp's 16 rows (O in the m16n8 C layout) in shared memory: fp32
+// rows r0 and r0 + 8 of `stage` ([rows, kHC]) and their (m, l) in `ml`
+// ([rows, 2]); l is summed over the row's 4 threads first. kEvenOddDims: the
+// fp8 P V order, o[2j] holding dims 16j + 4t + {0, 2} and o[2j + 1] dims
+// 16j + 4t + {1, 3}, put back in order here; else o[dt] holds dims 8 dt + 2t, +1.
+template <int kHC, bool kEvenOddDims, int kDT>
+__device__ __forceinline__ void stage_warp_rows(const float (&o)[kDT][4], const float (&m)[2], float (&l)[2], int r0,
+                                                int tig, float* stage, float* ml) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  float* rows = stage + r0 * kHC;
+  if constexpr (kEvenOddDims) {
+#pragma unroll
+    for (int dg = 0; dg < kHC / 16; ++dg) {
+      const float(&e)[4] = o[2 * dg];
+      const float(&d)[4] = o[2 * dg + 1];
+      *reinterpret_cast<float4*>(rows + dg * 16 + 4 * tig) = make_float4(e[0], d[0], e[1], d[1]);
+      *reinterpret_cast<float4*>(rows + 8 * kHC + dg * 16 + 4 * tig) = make_float4(e[2], d[2], e[3], d[3]);
+    }
+  } else {
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      const int d = dt * 8 + 2 * tig;
+      *reinterpret_cast<float2*>(rows + d) = make_float2(o[dt][0], o[dt][1]);
+      *reinterpret_cast<float2*>(rows + 8 * kHC + d) = make_float2(o[dt][2], o[dt][3]);
+    }
+  }
+  if (tig == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ml[(r0 + 8 * i) * 2] = m[i];
+      ml[(r0 + 8 * i) * 2 + 1] = l[i];
+    }
+  }
+}
+
+// The epilogue of a pass: reads the staged (m, l, O) of its rows (in decode
+// passes one per warp, merged here), normalizes, adds the sink, and writes
+// the output (and LSE), or a split's normalized partial and its LSE. One
+// 8-element chunk of one row per thread iteration, kNumThreads threads.
+template <int kHC, typename TIO, bool kDecode, int kNumThreads>
+__device__ __forceinline__ void write_pass_output(const FlashParams& p, const WorkItem& item, int kv_head, int group,
+                                                  int row0, int rows, const float* stage, const float* ml,
+                                                  float v_scale) {
+  const int chunks = p.head_size / kChunkElems;
+  for (int u = static_cast<int>(threadIdx.x); u < rows * chunks; u += kNumThreads) {
+    const int r = u / chunks;
+    const int ch = u % chunks;
+    float acc[8] = {};
+    float m_tot = -CUDART_INF_F;
+    float l_tot = 0.0f;
+    if (kDecode) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) m_tot = fmaxf(m_tot, ml[(w * kMmaRows + r) * 2]);
+      if (m_tot != -CUDART_INF_F) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float f = exp2f(ml[(w * kMmaRows + r) * 2] - m_tot);
+          l_tot += f * ml[(w * kMmaRows + r) * 2 + 1];
+          const float* src = stage + (w * kMmaRows + r) * kHC + ch * kChunkElems;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[e] += f * src[e];
+        }
+      }
+    } else {
+      m_tot = ml[r * 2];
+      l_tot = ml[r * 2 + 1];
+      const float* src = stage + r * kHC + ch * kChunkElems;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] = src[e];
+    }
+    const int row = row0 + r;
+    const int token_rel = row / group;
+    const int head = kv_head * group + row % group;
+    const bool empty = m_tot == -CUDART_INF_F;
+    if (item.num_splits > 1) {
+      const std::int64_t prow =
+          static_cast<std::int64_t>(item.partial_index + item.split * item.num_tokens + token_rel) *
+              p.num_heads +
+          head;
+      const float f = empty ? 0.0f : v_scale / l_tot;
+      float* dst = p.partial_out + prow * p.head_size + ch * kChunkElems;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = acc[e] * f;
+      if (ch == 0) p.partial_lse[prow] = empty ? -CUDART_INF_F : (m_tot + log2f(l_tot)) * kLn2;
+      continue;
+    }
+    float f = 0.0f;
+    float lse = -CUDART_INF_F;
+    if (!empty) {
+      float mm = m_tot;
+      float den = l_tot;
+      if (p.sinks != nullptr) {
+        const float sink = p.sinks[head] * kLog2e;
+        mm = fmaxf(m_tot, sink);
+        den = l_tot * exp2f(m_tot - mm) + exp2f(sink - mm);
+      }
+      f = exp2f(m_tot - mm) * v_scale / den;
+      lse = (mm + log2f(den)) * kLn2;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= f;
+    const std::int64_t token = item.token_begin + token_rel;
+    store8<TIO>(static_cast<TIO*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
+                acc);
+    if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
+  }
+}
+
+// Host: raises `kernel`'s dynamic shared-memory limit to `bytes`, once per
+// device (`configured` holds a bit per device; a host call per launch costs
+// more than a decode step's kernel). Returns kLaunchOk or a cudaError_t.
+template <typename Kernel>
+int opt_in_shared_memory(Kernel kernel, int bytes, std::atomic<std::uint64_t>& configured) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
+  const std::uint64_t bit = std::uint64_t{1} << (device % 64);
+  if ((configured.load() & bit) == 0) {
+    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (attr != cudaSuccess) return static_cast<int>(attr);
+    configured.fetch_or(bit);
+  }
+  return kLaunchOk;
+}
+
+}  // namespace pagedattn::cuda_flash::detail

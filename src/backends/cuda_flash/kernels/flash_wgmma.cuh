@@ -1,0 +1,188 @@
+// Warpgroup MMA (wgmma, sm_90a) building blocks of the CUDA_FLASH Hopper
+// prefill kernel: shared-memory matrix descriptors for 128-byte swizzled
+// tiles, the two MMA shapes the kernel runs, and their fences. Inline PTX;
+// compiled only for sm_90a (the architecture-specific feature set), every
+// body is empty elsewhere so the header stays includable.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "flash_primitives.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PAGEDATTN_WGMMA_ENABLED 1
+#else
+#define PAGEDATTN_WGMMA_ENABLED 0
+#endif
+
+namespace pagedattn::cuda_flash::detail {
+
+// A 128-byte swizzled tile of 16-bit elements: rows of 64 elements (128 B),
+// grouped in atoms of 8 rows (1024 B) whose 16-byte chunks are permuted by
+// chunk ^= row % 8, so the 8 rows an MMA operand reads hit distinct banks.
+// Wider rows are stored as several such column panels, one after another.
+inline constexpr int kSwizzleBytes = 128;
+inline constexpr int kSwizzleElems = kSwizzleBytes / 2;
+inline constexpr int kSwizzleAtomRows = 8;
+inline constexpr int kSwizzleAtomBytes = kSwizzleAtomRows * kSwizzleBytes;  // the alignment a tile needs
+inline constexpr int kChunkBytes = 16;
+
+// Byte offset of 16-byte chunk `ch` (8 elements) of row `row` in a swizzled
+// tile of `rows` rows.
+__device__ __forceinline__ int swizzled_offset(int row, int ch, int rows) {
+  constexpr int kChunksPerRow = kSwizzleBytes / kChunkBytes;
+  const int panel = ch / kChunksPerRow;
+  const int within = (ch % kChunksPerRow) ^ (row % kSwizzleAtomRows);
+  return (panel * rows + row) * kSwizzleBytes + within * kChunkBytes;
+}
+
+// Matrix descriptor fields (PTX ISA, "Matrix Descriptor Format"): addresses
+// and offsets in 16-byte units, 14 bits each; layout 1 = 128-byte swizzle.
+inline constexpr int kDescUnitShift = 4;
+inline constexpr int kDescLboShift = 16;
+inline constexpr int kDescSboShift = 32;
+inline constexpr int kDescLayoutShift = 62;
+inline constexpr std::uint64_t kDescSwizzle128 = 1;
+inline constexpr std::uint64_t kDescFieldMask = 0x3FFF;
+
+// Descriptor of an operand at shared address `addr` inside a swizzled tile.
+// K-major operands (Q, K: the reduction dimension contiguous) step 8-row
+// atoms by `sbo` (1024 B); their leading offset is unused. MN-major ones
+// (V read as B with N = head dims contiguous) step 64-column panels by `lbo`
+// and 8-row atoms by `sbo`.
+__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint32_t lbo, std::uint32_t sbo) {
+  return ((static_cast<std::uint64_t>(addr) >> kDescUnitShift) & kDescFieldMask) |
+         (((static_cast<std::uint64_t>(lbo) >> kDescUnitShift) & kDescFieldMask) << kDescLboShift) |
+         (((static_cast<std::uint64_t>(sbo) >> kDescUnitShift) & kDescFieldMask) << kDescSboShift) |
+         (kDescSwizzle128 << kDescLayoutShift);
+}
+
+// Orders this thread's register writes before the next wgmma reads them.
+__device__ __forceinline__ void wgmma_fence() {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// Makes this thread's generic-proxy shared-memory writes (cp.async copies
+// included) visible to the async proxy, which wgmma reads operands through.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// Keeps the compiler from moving accumulator registers across a wgmma in
+// flight (it does not know the asynchronous instruction still owns them).
+template <int kN>
+__device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+  }
+}
+
+#define PAGEDATTN_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define PAGEDATTN_WG_D32 \
+  PAGEDATTN_WG_D4(0), PAGEDATTN_WG_D4(1), PAGEDATTN_WG_D4(2), PAGEDATTN_WG_D4(3), PAGEDATTN_WG_D4(4), \
+      PAGEDATTN_WG_D4(5), PAGEDATTN_WG_D4(6), PAGEDATTN_WG_D4(7)
+#define PAGEDATTN_WG_W4(j) "=f"(d[j][0]), "=f"(d[j][1]), "=f"(d[j][2]), "=f"(d[j][3])
+#define PAGEDATTN_WG_W32 \
+  PAGEDATTN_WG_W4(0), PAGEDATTN_WG_W4(1), PAGEDATTN_WG_W4(2), PAGEDATTN_WG_W4(3), PAGEDATTN_WG_W4(4), \
+      PAGEDATTN_WG_W4(5), PAGEDATTN_WG_W4(6), PAGEDATTN_WG_W4(7)
+#define PAGEDATTN_WG_D64 \
+  PAGEDATTN_WG_D32, PAGEDATTN_WG_D4(8), PAGEDATTN_WG_D4(9), PAGEDATTN_WG_D4(10), PAGEDATTN_WG_D4(11), \
+      PAGEDATTN_WG_D4(12), PAGEDATTN_WG_D4(13), PAGEDATTN_WG_D4(14), PAGEDATTN_WG_D4(15)
+#define PAGEDATTN_WG_REGS32                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define PAGEDATTN_WG_REGS64                                                                                       \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64]^T, both from shared memory, K-major
+// (S = Q K^T of one 16-dim step; kFirst: D = A B^T, the old D neither read
+// nor, as far as the compiler knows, needed: no zeroing instructions between
+// asynchronous MMAs, which would make ptxas serialize them). Thread layout of
+// D: warp w of the warpgroup holds rows 16w .. 16w + 15, d[nt] as an m16n8 C
+// fragment of n-tile nt.
+template <typename T, bool kFirst>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b) {
+#if PAGEDATTN_WGMMA_ENABLED
+  if constexpr (kFirst && std::is_same_v<T, half>) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " PAGEDATTN_WG_REGS32
+                 ", %32, %33, 0, 1, 1, 0, 0;\n"
+                 : PAGEDATTN_WG_W32
+                 : "l"(desc_a), "l"(desc_b));
+  } else if constexpr (kFirst) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PAGEDATTN_WG_REGS32
+                 ", %32, %33, 0, 1, 1, 0, 0;\n"
+                 : PAGEDATTN_WG_W32
+                 : "l"(desc_a), "l"(desc_b));
+  } else if constexpr (std::is_same_v<T, half>) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " PAGEDATTN_WG_REGS32
+                 ", %32, %33, 1, 1, 1, 0, 0;\n"
+                 : PAGEDATTN_WG_D32
+                 : "l"(desc_a), "l"(desc_b));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PAGEDATTN_WG_REGS32
+                 ", %32, %33, 1, 1, 1, 0, 0;\n"
+                 : PAGEDATTN_WG_D32
+                 : "l"(desc_a), "l"(desc_b));
+  }
+#else
+  (void)d, (void)desc_a, (void)desc_b;
+#endif
+}
+
+// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (an m16k16 A
+// fragment per warp, as mma.sync takes it), B from shared memory, MN-major
+// (O += P V of one 16-key step; V's rows are keys, head dims contiguous).
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const std::uint32_t (&a)[4],
+                                                    std::uint64_t desc_b) {
+#if PAGEDATTN_WGMMA_ENABLED
+  if constexpr (std::is_same_v<T, half>) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " PAGEDATTN_WG_REGS64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : PAGEDATTN_WG_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  } else {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " PAGEDATTN_WG_REGS64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : PAGEDATTN_WG_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+  }
+#else
+  (void)d, (void)a, (void)desc_b;
+#endif
+}
+
+#undef PAGEDATTN_WG_D4
+#undef PAGEDATTN_WG_D32
+#undef PAGEDATTN_WG_W4
+#undef PAGEDATTN_WG_W32
+#undef PAGEDATTN_WG_D64
+#undef PAGEDATTN_WG_REGS32
+#undef PAGEDATTN_WG_REGS64
+
+}  // namespace pagedattn::cuda_flash::detail

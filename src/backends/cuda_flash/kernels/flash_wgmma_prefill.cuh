@@ -1,0 +1,266 @@
+// The Hopper prefill kernel of CUDA_FLASH (sm_90a, head class 128, 16-bit
+// K/V): the mma.sync kernel's work items and online softmax, with S = Q K^T
+// and O += P V on warpgroup MMAs (wgmma) that read Q, K and V straight from
+// 128-byte swizzled shared memory, where mma.sync had every warp load its
+// operands through ldmatrix into registers it did not have (perf.md).
+//
+// A CTA is two warpgroups (256 threads) and takes a 128-row pass: warpgroup w
+// owns packed rows [64w, 64w + 64) and every key of a tile, so each K/V tile
+// in shared memory serves 128 rows, as in the mma.sync prefill pass. All 256
+// threads copy K/V tiles (cp.async, two stages) through the same
+// KvRunWalker. Any item runs here as 128-row passes (a decode item too: a
+// graph captured on a prefill-only step may replay a mixed plan), correct
+// and, for decode items, slower.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+
+#include "flash_params.h"
+#include "flash_pass.cuh"
+#include "flash_primitives.cuh"
+#include "flash_wgmma.cuh"
+
+namespace pagedattn::cuda_flash::detail {
+
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kWgmmaTileRows = 64;  // rows of one warpgroup's MMA tile
+inline constexpr int kWgmmaWarpgroups = kPrefillRows / kWgmmaTileRows;
+inline constexpr int kWgmmaThreads = kWgmmaWarpgroups * kWarpgroupThreads;
+inline constexpr int kWgmmaK = 16;  // the reduction depth of one 16-bit wgmma
+
+// Shared memory: alignment slack (swizzled tiles start on 1024-byte atoms),
+// Q [128 rows, 128 dims], then kStages buffers of K and V tiles [64 keys, 128
+// dims] (all swizzled, 64-dim panels), which the fp32 O stage [128, 128]
+// reuses, then (m, l) per row.
+struct WgmmaLayout {
+  static constexpr int kHC = kWgmmaClass;
+  static constexpr int kChunks = kHC / kChunkElems;
+  static constexpr int kKeysPerRun = kBlockN * kChunks / kWgmmaThreads;
+  static constexpr int kStages = 5;  // K/V tile buffers (the key loop says why)
+  static constexpr int kQBytes = kPrefillRows * kHC * 2;
+  static constexpr int kTileBytes = kBlockN * kHC * 2;  // one K or V tile
+  static constexpr int kKVBytes = kStages * 2 * kTileBytes;
+  static constexpr int kStageBytes = kPrefillRows * kHC * 4;
+  static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
+  static constexpr int kMLBytes = kPrefillRows * 2 * 4;
+  static constexpr int kSmemBytes = kSwizzleAtomBytes + kQBytes + kBodyBytes + kMLBytes;
+  static_assert(kWgmmaThreads % kChunks == 0, "a thread's column must not change between its keys");
+};
+
+// Descriptor offsets of the swizzled tiles: 8-row atoms are 1024 B apart; the
+// 64-dim panels of a K or V tile are kBlockN rows apart.
+inline constexpr std::uint32_t kAtomStride = kSwizzleAtomBytes;
+inline constexpr std::uint32_t kPanelStride = kBlockN * kSwizzleBytes;
+inline constexpr int kKStepsPerPanel = kSwizzleElems / kWgmmaK;
+
+template <typename T>
+__device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group,
+                                   int bt_stride, int row0, int rows, unsigned char* q_s, unsigned char* kv_s,
+                                   float* stage, float* ml) {
+  using L = WgmmaLayout;
+  constexpr int kHC = L::kHC;
+  constexpr int kNT = kBlockN / 8;  // 8-key n-tiles of S
+  constexpr int kDT = kHC / 8;      // 8-dim n-tiles of O
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wg = tid / kWarpgroupThreads;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int tig = lane % 4;
+
+  __syncthreads();  // the previous pass has finished with shared memory
+
+  // ---- query rows -> swizzled shared memory (one cp.async group) ----
+  for (int c = tid; c < kPrefillRows * L::kChunks; c += kWgmmaThreads) {
+    const int r = c / L::kChunks;
+    const int ch = c % L::kChunks;
+    bool valid = false;
+    const T* src = query_chunk_src<T>(p, item, kv_head, group, row0, rows, r, ch, valid);
+    cp_async_16(q_s + swizzled_offset(r, ch, kPrefillRows), valid ? src : p.query, valid);
+  }
+  cp_async_commit();
+
+  const PassRange range = pass_range(p, item, group, row0, rows);
+  const int tile_lo = range.kv_lo - range.kv_lo % kBlockN;
+  const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - tile_lo + kBlockN - 1) / kBlockN : 0;
+
+  // This thread's rows: g and g + 8 of its warp's 16 rows of the warpgroup tile.
+  const int row_base = wg * kWgmmaTileRows + (tid % kWarpgroupThreads) / 32 * kMmaRows;
+  const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
+  const int warp_pos_hi = item.position_begin + (row0 + row_base + kMmaRows - 1) / group;
+  const float qk_scale = p.softmax_scale;
+  const float qk_scale_log2 = qk_scale * kLog2e;
+
+  float o[kDT][4];
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  float l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+
+  const int my_ch = tid % L::kChunks;
+  const int my_run = tid / L::kChunks;
+  const KvRunWalker<L::kKeysPerRun> walker(p, item, kv_head, bt_stride, range, tile_lo, my_ch, my_run, 2);
+  const auto issue_tile = [&](int t, int buf, RunStart run) {
+    unsigned char* k_tile = kv_s + buf * 2 * L::kTileBytes;
+    walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+      const int off = swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, kBlockN);
+      cp_async_16(k_tile + off, k_src, valid);
+      cp_async_16(k_tile + L::kTileBytes + off, v_src, valid);
+    });
+  };
+
+  const std::uint32_t q_addr = smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
+  const auto tile_addr = [&](int t) { return smem_addr(kv_s + (t % L::kStages) * 2 * L::kTileBytes); };
+  // S = Q K^T of tile t over the head dims, 16 at a time (a step's 32 bytes
+  // of each row sit inside one 64-dim panel), issued, not waited for.
+  const auto issue_qk = [&](int t, float(&s)[kNT][4]) {
+    const std::uint32_t k_addr = tile_addr(t);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHC / kWgmmaK; ++kk) {
+      const auto step = static_cast<std::uint32_t>((kk % kKStepsPerPanel) * kWgmmaK * 2);
+      const auto panel = static_cast<std::uint32_t>(kk / kKStepsPerPanel);
+      const std::uint64_t dq =
+          smem_desc(q_addr + panel * kPrefillRows * kSwizzleBytes + step, kChunkBytes, kAtomStride);
+      const std::uint64_t dk = smem_desc(k_addr + panel * kPanelStride + step, kChunkBytes, kAtomStride);
+      if (kk == 0) {
+        wgmma_m64n64k16_ss<T, true>(s, dq, dk);
+      } else {
+        wgmma_m64n64k16_ss<T, false>(s, dq, dk);
+      }
+    }
+    wgmma_commit();
+  };
+
+  // O += P V of tile t over its keys, 16 at a time (V read MN-major).
+  const auto issue_pv = [&](int t, const std::uint32_t(&a)[kBlockN / kWgmmaK][4]) {
+    const std::uint32_t v_addr = tile_addr(t) + L::kTileBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) {
+      const std::uint64_t dv =
+          smem_desc(v_addr + static_cast<std::uint32_t>(kk * kWgmmaK * kSwizzleBytes), kPanelStride, kAtomStride);
+      wgmma_m64n128k16_rs<T>(o, a[kk], dv);
+    }
+    wgmma_commit();
+  };
+  const auto softmax_tile = [&](int t, float(&s)[kNT][4]) {
+    const int k0 = tile_lo + t * kBlockN;
+    const bool whole = whole_block(p, range, k0, k0 + kBlockN - 1, warp_pos_lo, warp_pos_hi);
+    const ScoreRows at{{row0 + row_base + g, row0 + row_base + g + 8}, row0 + rows, k0, tig};
+    return softmax_scores(p, item, kv_head, group, range, at, whole, qk_scale, qk_scale_log2, s, m, l);
+  };
+
+  // ---- the key loop ----
+  // FlashAttention-3's intra-warpgroup pipelining: step t issues S of tile t,
+  // then P V of tile t - 1, and runs the softmax of tile t on the CUDA cores
+  // while P V runs on the tensor cores; O is rescaled just before the next
+  // P V. Every step retires its MMAs (ptxas serializes the wgmmas of a loop
+  // whose MMAs in flight differ between paths), and a pass with no key tile
+  // still runs one, on a zero-filled tile 0 whose keys are all masked.
+  // A tile's buffer is read from step t (K) to t + 1 (V), so copies run
+  // kAhead tiles ahead into the buffer of tile t - 2, behind one barrier per
+  // step.
+  constexpr int kAhead = L::kStages - 2;
+  const int steps = max(num_tiles, 1);
+  RunStart run = walker.locate(0);
+  for (int c = 0; c < kAhead; ++c) {
+    if (c < steps) {
+      issue_tile(c, c, run);
+      run = walker.locate(c + 1);
+    }
+    cp_async_commit();
+  }
+  const auto wait_tile = [&] {
+    cp_async_wait<kAhead - 1>();  // the queries and tile t
+    fence_proxy_async_shared();   // this thread's copies, to the wgmma reads
+    __syncthreads();
+  };
+  // Issued once the step's MMAs are, so the copies overlap them.
+  const auto copy_ahead = [&](int t) {
+    const int c = t + kAhead;
+    if (c < num_tiles) {
+      issue_tile(c, c % L::kStages, run);
+      run = walker.locate(c + 1);
+    }
+    cp_async_commit();
+  };
+  float s[kNT][4];
+  std::uint32_t a[kBlockN / kWgmmaK][4];
+  wait_tile();
+  issue_qk(0, s);
+  copy_ahead(0);
+  wgmma_wait<0>();
+  wgmma_pin(s);
+  Rescale rescale = softmax_tile(0, s);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) scores_to_a<T>(s, kk, a[kk]);
+  for (int t = 1; t < num_tiles; ++t) {
+    wait_tile();
+    issue_qk(t, s);
+    apply_rescale(rescale, o);
+    issue_pv(t - 1, a);
+    copy_ahead(t);
+    wgmma_wait<1>();  // S of tile t (P V of t - 1 runs on)
+    wgmma_pin(s);
+    rescale = softmax_tile(t, s);
+    wgmma_wait<0>();
+    wgmma_pin(o);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) scores_to_a<T>(s, kk, a[kk]);
+  }
+  apply_rescale(rescale, o);
+  issue_pv(steps - 1, a);
+  wgmma_wait<0>();
+  wgmma_pin(o);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- stage (m, l, O) (aliases the K/V tiles), then the epilogue ----
+  stage_warp_rows<kHC, false>(o, m, l, row_base + g, tig, stage, ml);
+  __syncthreads();
+  write_pass_output<kHC, T, false, kWgmmaThreads>(p, item, kv_head, group, row0, rows, stage, ml, 1.0f);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_kernel(const FlashParams p) {
+#if PAGEDATTN_WGMMA_ENABLED
+  using L = WgmmaLayout;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Swizzled tiles need 1024-byte aligned addresses (the swizzle reads
+  // address bits); the layout reserves the slack.
+  const std::uint32_t misalign = smem_addr(smem_raw) % kSwizzleAtomBytes;
+  unsigned char* smem = smem_raw + (misalign == 0 ? 0 : kSwizzleAtomBytes - misalign);
+  unsigned char* q_s = smem;
+  unsigned char* kv_s = smem + L::kQBytes;
+  auto* stage = reinterpret_cast<float*>(kv_s);
+  auto* ml = reinterpret_cast<float*>(kv_s + L::kBodyBytes);
+  const PlanHeader header = *p.header;
+  const int kv_head = static_cast<int>(blockIdx.x) % p.num_kv_heads;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int item_stride = static_cast<int>(gridDim.x) / p.num_kv_heads;
+  for (int w = static_cast<int>(blockIdx.x) / p.num_kv_heads; w < header.num_items; w += item_stride) {
+    const WorkItem item = p.items[w];
+    const int rows_total = item.num_tokens * group;
+    for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) {
+      wgmma_prefill_pass<T>(p, item, kv_head, group, header.block_table_stride, row0,
+                            min(kPrefillRows, rows_total - row0), q_s, kv_s, stage, ml);
+    }
+  }
+#else
+  (void)p;
+#endif
+}
+
+template <typename T>
+int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
+  constexpr int kSmem = WgmmaLayout::kSmemBytes;
+  static std::atomic<std::uint64_t> configured{0};
+  if (const int rc = opt_in_shared_memory(wgmma_prefill_kernel<T>, kSmem, configured); rc != kLaunchOk) return rc;
+  wgmma_prefill_kernel<T>
+      <<<static_cast<unsigned>(p.grid_items) * static_cast<unsigned>(p.num_kv_heads), kWgmmaThreads, kSmem, stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace pagedattn::cuda_flash::detail
