@@ -509,27 +509,20 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm :
   extern __shared__ __align__(16) unsigned char smem[];
   const SmemPtrs sm{smem, smem + L::kQBytes, reinterpret_cast<float*>(smem + L::kQBytes),
                     reinterpret_cast<float*>(smem + L::kQBytes + L::kBodyBytes)};
-  const PlanHeader header = *p.header;
-  // The KV heads of an item are adjacent CTAs: launched together, they read
-  // whole cache rows of the same blocks (every head of a slot) at once.
-  const int kv_head = static_cast<int>(blockIdx.x) % p.num_kv_heads;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int item_stride = static_cast<int>(gridDim.x) / p.num_kv_heads;
-  for (int w = static_cast<int>(blockIdx.x) / p.num_kv_heads; w < header.num_items; w += item_stride) {
-    const WorkItem item = p.items[w];
+  for_each_item(p, [&](const WorkItem& item, int kv_head, int group, int bt_stride) {
     const int rows_total = item.num_tokens * group;
     if (kDecodeOnly || item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
-        run_pass<kHC, T, kKv, true>(p, item, kv_head, group, header.block_table_stride, row0,
-                                    min(kDecodeRows, rows_total - row0), sm);
+        run_pass<kHC, T, kKv, true>(p, item, kv_head, group, bt_stride, row0, min(kDecodeRows, rows_total - row0),
+                                    sm);
       }
     } else if constexpr (!kDecodeOnly) {
       for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {
-        run_pass<kHC, T, kKv, false>(p, item, kv_head, group, header.block_table_stride, row0,
+        run_pass<kHC, T, kKv, false>(p, item, kv_head, group, bt_stride, row0,
                                      min(S::kPassRows, rows_total - row0), sm);
       }
     }
-  }
+  });
 }
 
 // Merges split groups by LSE (natural log); the sink, if any, joins here once.

@@ -429,6 +429,21 @@ __device__ __forceinline__ void write_pass_output(const FlashParams& p, const Wo
   }
 }
 
+// Calls f(item, kv_head, group, block_table_stride) for each work item of
+// this CTA. The 1-D grid is item slots x KV heads with the KV head varying
+// fastest: an item's heads run as adjacent CTAs and read whole cache rows of
+// the same blocks (every head of a slot) at once. Items stride over the slots.
+template <typename F>
+__device__ __forceinline__ void for_each_item(const FlashParams& p, F&& f) {
+  const PlanHeader header = *p.header;
+  const int kv_head = static_cast<int>(blockIdx.x) % p.num_kv_heads;
+  const int group = p.num_heads / p.num_kv_heads;
+  const int item_stride = static_cast<int>(gridDim.x) / p.num_kv_heads;
+  for (int w = static_cast<int>(blockIdx.x) / p.num_kv_heads; w < header.num_items; w += item_stride) {
+    f(p.items[w], kv_head, group, header.block_table_stride);
+  }
+}
+
 // Host: raises `kernel`'s dynamic shared-memory limit to `bytes`, once per
 // device (`configured` holds a bit per device; a host call per launch costs
 // more than a decode step's kernel). Returns kLaunchOk or a cudaError_t.

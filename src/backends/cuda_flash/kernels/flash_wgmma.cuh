@@ -89,6 +89,63 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 
+// ---- mbarriers and named barriers: the two warpgroups of the prefill kernel
+// synchronize through these instead of CTA-wide barriers, so they can drift
+// half a step apart (one's softmax under the other's MMAs). ----
+
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, int count) {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+
+// Arrives on `bar` once every cp.async this thread has issued so far has
+// landed (without raising the pending count: the init count includes it).
+__device__ __forceinline__ void cp_async_arrive(std::uint64_t* bar) {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#else
+  (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+#else
+  (void)bar;
+#endif
+}
+
+// Waits until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, int parity) {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "retry:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra retry;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+#else
+  (void)bar, (void)parity;
+#endif
+}
+
+// Named hardware barriers (0 is __syncthreads): `count` threads take part,
+// those that sync wait, those that arrive do not.
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // Keeps the compiler from moving accumulator registers across a wgmma in
 // flight (it does not know the asynchronous instruction still owns them).
 template <int kN>

@@ -33,7 +33,7 @@ inline constexpr int kWgmmaK = 16;  // the reduction depth of one 16-bit wgmma
 // Shared memory: alignment slack (swizzled tiles start on 1024-byte atoms),
 // Q [128 rows, 128 dims], then kStages buffers of K and V tiles [64 keys, 128
 // dims] (all swizzled, 64-dim panels), which the fp32 O stage [128, 128]
-// reuses, then (m, l) per row.
+// reuses, then (m, l) per row, then the buffers' mbarriers.
 struct WgmmaLayout {
   static constexpr int kHC = kWgmmaClass;
   static constexpr int kChunks = kHC / kChunkElems;
@@ -45,7 +45,8 @@ struct WgmmaLayout {
   static constexpr int kStageBytes = kPrefillRows * kHC * 4;
   static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
   static constexpr int kMLBytes = kPrefillRows * 2 * 4;
-  static constexpr int kSmemBytes = kSwizzleAtomBytes + kQBytes + kBodyBytes + kMLBytes;
+  static constexpr int kBarrierBytes = 2 * kStages * 8;  // a "full" and an "empty" mbarrier per buffer
+  static constexpr int kSmemBytes = kSwizzleAtomBytes + kQBytes + kBodyBytes + kMLBytes + kBarrierBytes;
   static_assert(kWgmmaThreads % kChunks == 0, "a thread's column must not change between its keys");
 };
 
@@ -54,11 +55,24 @@ struct WgmmaLayout {
 inline constexpr std::uint32_t kAtomStride = kSwizzleAtomBytes;
 inline constexpr std::uint32_t kPanelStride = kBlockN * kSwizzleBytes;
 inline constexpr int kKStepsPerPanel = kSwizzleElems / kWgmmaK;
+// Named barriers of the ping-pong: warpgroup w waits on kTurnBarrier + w.
+inline constexpr int kTurnBarrier = 1;
+
+// The K/V buffers' synchronization, shared by the passes of a CTA: `full[b]`
+// completes a phase when every thread's copies of the tile in buffer b have
+// landed, `empty[b]` when every thread has retired the MMAs reading it. Tiles
+// are numbered across passes (`seq`), so tile G lives in buffer G % kStages
+// and is that buffer's phase G / kStages.
+struct TileSync {
+  std::uint64_t* full;
+  std::uint64_t* empty;
+  int seq;  // number of tiles of the CTA's earlier passes
+};
 
 template <typename T>
 __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group,
                                    int bt_stride, int row0, int rows, unsigned char* q_s, unsigned char* kv_s,
-                                   float* stage, float* ml) {
+                                   float* stage, float* ml, TileSync& sync) {
   using L = WgmmaLayout;
   constexpr int kHC = L::kHC;
   constexpr int kNT = kBlockN / 8;  // 8-key n-tiles of S
@@ -111,7 +125,9 @@ __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, i
   };
 
   const std::uint32_t q_addr = smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
-  const auto tile_addr = [&](int t) { return smem_addr(kv_s + (t % L::kStages) * 2 * L::kTileBytes); };
+  const auto tile_addr = [&](int t) {
+    return smem_addr(kv_s + ((sync.seq + t) % L::kStages) * 2 * L::kTileBytes);
+  };
   // S = Q K^T of tile t over the head dims, 16 at a time (a step's 32 bytes
   // of each row sit inside one 64-dim panel), issued, not waited for.
   const auto issue_qk = [&](int t, float(&s)[kNT][4]) {
@@ -159,61 +175,78 @@ __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, i
   // P V. Every step retires its MMAs (ptxas serializes the wgmmas of a loop
   // whose MMAs in flight differ between paths), and a pass with no key tile
   // still runs one, on a zero-filled tile 0 whose keys are all masked.
-  // A tile's buffer is read from step t (K) to t + 1 (V), so copies run
-  // kAhead tiles ahead into the buffer of tile t - 2, behind one barrier per
-  // step.
+  // And its ping-pong: the warpgroups take turns to issue their MMAs (named
+  // barriers), so each one's softmax runs under the other's MMAs. They meet
+  // only at the buffers' mbarriers, not at a CTA barrier per step. A tile's
+  // buffer is read from step t (K) to t + 1 (V), so copies run kAhead tiles
+  // ahead into the buffer of tile t - 2 once both warpgroups released it.
   constexpr int kAhead = L::kStages - 2;
   const int steps = max(num_tiles, 1);
   RunStart run = walker.locate(0);
-  for (int c = 0; c < kAhead; ++c) {
-    if (c < steps) {
-      issue_tile(c, c, run);
-      run = walker.locate(c + 1);
-    }
+  const auto copy_tile = [&](int c) {
+    const int gt = sync.seq + c;
+    const int buf = gt % L::kStages;
+    if (c >= kAhead && gt >= L::kStages) mbarrier_wait(&sync.empty[buf], (gt / L::kStages - 1) & 1);
+    issue_tile(c, buf, run);
+    cp_async_arrive(&sync.full[buf]);
     cp_async_commit();
-  }
-  const auto wait_tile = [&] {
-    cp_async_wait<kAhead - 1>();  // the queries and tile t
-    fence_proxy_async_shared();   // this thread's copies, to the wgmma reads
-    __syncthreads();
+    run = walker.locate(c + 1);
   };
-  // Issued once the step's MMAs are, so the copies overlap them.
-  const auto copy_ahead = [&](int t) {
-    const int c = t + kAhead;
-    if (c < num_tiles) {
-      issue_tile(c, c % L::kStages, run);
-      run = walker.locate(c + 1);
-    }
-    cp_async_commit();
+  // The prologue's buffers were released before the pass began (its CTA
+  // barrier follows every MMA of the previous pass).
+  for (int c = 0; c < kAhead && c < steps; ++c) copy_tile(c);
+  cp_async_wait<0>();  // the queries (and the first tiles)
+  fence_proxy_async_shared();
+  __syncthreads();
+
+  const auto wait_tile = [&](int t) {
+    const int gt = sync.seq + t;
+    mbarrier_wait(&sync.full[gt % L::kStages], (gt / L::kStages) & 1);
+    fence_proxy_async_shared();  // the copies, to the wgmma reads
   };
+  const auto release_tile = [&](int t) { mbarrier_arrive(&sync.empty[(sync.seq + t) % L::kStages]); };
+  const int my_turn = kTurnBarrier + wg;
+  const int their_turn = kTurnBarrier + 1 - wg;
+  if (wg == 1) named_barrier_arrive(their_turn, kWgmmaThreads);  // warpgroup 0 goes first
+
   float s[kNT][4];
   std::uint32_t a[kBlockN / kWgmmaK][4];
-  wait_tile();
+  wait_tile(0);
+  named_barrier_sync(my_turn, kWgmmaThreads);
   issue_qk(0, s);
-  copy_ahead(0);
+  named_barrier_arrive(their_turn, kWgmmaThreads);
+  if (kAhead < num_tiles) copy_tile(kAhead);
   wgmma_wait<0>();
   wgmma_pin(s);
   Rescale rescale = softmax_tile(0, s);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) scores_to_a<T>(s, kk, a[kk]);
   for (int t = 1; t < num_tiles; ++t) {
-    wait_tile();
+    wait_tile(t);
+    named_barrier_sync(my_turn, kWgmmaThreads);
     issue_qk(t, s);
     apply_rescale(rescale, o);
     issue_pv(t - 1, a);
-    copy_ahead(t);
+    named_barrier_arrive(their_turn, kWgmmaThreads);
+    if (t + kAhead < num_tiles) copy_tile(t + kAhead);
     wgmma_wait<1>();  // S of tile t (P V of t - 1 runs on)
     wgmma_pin(s);
     rescale = softmax_tile(t, s);
     wgmma_wait<0>();
     wgmma_pin(o);
+    release_tile(t - 1);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) scores_to_a<T>(s, kk, a[kk]);
   }
+  named_barrier_sync(my_turn, kWgmmaThreads);
   apply_rescale(rescale, o);
   issue_pv(steps - 1, a);
+  // Warpgroup 1 arrived once ahead at the start; it skips its last turn.
+  if (wg == 0) named_barrier_arrive(their_turn, kWgmmaThreads);
   wgmma_wait<0>();
   wgmma_pin(o);
+  release_tile(steps - 1);
+  sync.seq += steps;
   cp_async_wait<0>();
   __syncthreads();
 
@@ -236,18 +269,22 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
   unsigned char* kv_s = smem + L::kQBytes;
   auto* stage = reinterpret_cast<float*>(kv_s);
   auto* ml = reinterpret_cast<float*>(kv_s + L::kBodyBytes);
-  const PlanHeader header = *p.header;
-  const int kv_head = static_cast<int>(blockIdx.x) % p.num_kv_heads;
-  const int group = p.num_heads / p.num_kv_heads;
-  const int item_stride = static_cast<int>(gridDim.x) / p.num_kv_heads;
-  for (int w = static_cast<int>(blockIdx.x) / p.num_kv_heads; w < header.num_items; w += item_stride) {
-    const WorkItem item = p.items[w];
-    const int rows_total = item.num_tokens * group;
-    for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) {
-      wgmma_prefill_pass<T>(p, item, kv_head, group, header.block_table_stride, row0,
-                            min(kPrefillRows, rows_total - row0), q_s, kv_s, stage, ml);
+  auto* bars = reinterpret_cast<std::uint64_t*>(kv_s + L::kBodyBytes + L::kMLBytes);
+  TileSync sync{bars, bars + L::kStages, 0};
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < L::kStages; ++b) {
+      mbarrier_init(&sync.full[b], kWgmmaThreads);
+      mbarrier_init(&sync.empty[b], kWgmmaThreads);
     }
   }
+  __syncthreads();
+  for_each_item(p, [&](const WorkItem& item, int kv_head, int group, int bt_stride) {
+    const int rows_total = item.num_tokens * group;
+    for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) {
+      wgmma_prefill_pass<T>(p, item, kv_head, group, bt_stride, row0, min(kPrefillRows, rows_total - row0), q_s,
+                            kv_s, stage, ml, sync);
+    }
+  });
 #else
   (void)p;
 #endif
