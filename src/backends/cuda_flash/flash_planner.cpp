@@ -76,7 +76,12 @@ StepPlan plan_step(const PlanInputs& in) {
   plan.prefill_only = !tiles.empty() && std::none_of(tiles.begin(), tiles.end(), [](const Tile& t) {
     return t.mode == static_cast<int>(TileMode::Decode);
   });
-  const bool decode_only_kernel = plan.decode_only && has_decode_only_kernel(head_size_class(in.head_size));
+  // Splits aim at the occupancy of the kernel the step will run. The planner
+  // knows neither the cache dtype nor the device: prefill-only steps aim at
+  // the mixed kernel's even where the wgmma kernel runs (docs/cuda_flash.md).
+  const bool decode_only_kernel =
+      choose_kernel(head_size_class(in.head_size), false, plan.decode_only, plan.prefill_only, 0) ==
+      KernelKind::DecodeOnly;
   const int ctas_per_sm = decode_only_kernel ? kDecodeOnlyCtasPerSm : kTargetCtasPerSm;
 
   for (const Tile& t : tiles) {

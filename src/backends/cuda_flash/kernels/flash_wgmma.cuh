@@ -1,8 +1,9 @@
 // Warpgroup MMA (wgmma, sm_90a) building blocks of the CUDA_FLASH Hopper
 // prefill kernel: shared-memory matrix descriptors for 128-byte swizzled
-// tiles, the two MMA shapes the kernel runs, and their fences. Inline PTX;
-// compiled only for sm_90a (the architecture-specific feature set), every
-// body is empty elsewhere so the header stays includable.
+// tiles, the two MMA shapes the kernel runs, their fences, and the mbarriers
+// and named barriers its warpgroups meet at. Inline PTX; compiled only for
+// sm_90a (the architecture-specific feature set): the sm_90-only bodies are
+// empty elsewhere, so the header stays includable.
 #pragma once
 
 #include <cuda_bf16.h>

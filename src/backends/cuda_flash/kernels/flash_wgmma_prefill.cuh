@@ -7,10 +7,10 @@
 // A CTA is two warpgroups (256 threads) and takes a 128-row pass: warpgroup w
 // owns packed rows [64w, 64w + 64) and every key of a tile, so each K/V tile
 // in shared memory serves 128 rows, as in the mma.sync prefill pass. All 256
-// threads copy K/V tiles (cp.async, two stages) through the same
-// KvRunWalker. Any item runs here as 128-row passes (a decode item too: a
-// graph captured on a prefill-only step may replay a mixed plan), correct
-// and, for decode items, slower.
+// threads copy K/V tiles (cp.async into five buffers, three tiles ahead)
+// through the same KvRunWalker. Any item runs here as 128-row passes (a
+// decode item too: a graph captured on a prefill-only step may replay a mixed
+// plan), correct and, for decode items, slower.
 #pragma once
 
 #include <atomic>
@@ -45,7 +45,7 @@ struct WgmmaLayout {
   static constexpr int kStageBytes = kPrefillRows * kHC * 4;
   static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
   static constexpr int kMLBytes = kPrefillRows * 2 * 4;
-  static constexpr int kBarrierBytes = 2 * kStages * 8;  // a "full" and an "empty" mbarrier per buffer
+  static constexpr int kBarrierBytes = 2 * kStages * static_cast<int>(sizeof(std::uint64_t));  // full + empty
   static constexpr int kSmemBytes = kSwizzleAtomBytes + kQBytes + kBodyBytes + kMLBytes + kBarrierBytes;
   static_assert(kWgmmaThreads % kChunks == 0, "a thread's column must not change between its keys");
 };
@@ -69,6 +69,11 @@ struct TileSync {
   int seq;  // number of tiles of the CTA's earlier passes
 };
 
+// One 128-row pass of an item. Shared memory (swizzled where marked):
+//   q_s    [kPrefillRows, kHC] swizzled
+//   kv_s   [kStages][K, V][kBlockN, kHC] swizzled; aliased by
+//   stage  [kPrefillRows, kHC] fp32 O, after the key loop
+//   ml     [kPrefillRows, 2] (m, l)
 template <typename T>
 __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group,
                                    int bt_stride, int row0, int rows, unsigned char* q_s, unsigned char* kv_s,
