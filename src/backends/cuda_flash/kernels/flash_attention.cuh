@@ -1,11 +1,11 @@
 // The CUDA_FLASH attention kernel: FlashAttention-2 style online softmax on
 // tensor cores over a paged KV cache, for a mixed batch in one launch.
 //
-// A CTA (4 warps) takes work items from the uploaded work list; its KV head is
-// blockIdx.x % num_kv_heads. All query heads of that KV head are packed into the rows of one
-// MMA tile (row = token * group + head_in_group), so each K/V tile is read
-// once per group. Prefill items give each warp 16 rows; decode items give all
-// warps the same 16 rows and split every key tile between the warps, whose
+// A CTA (4 warps) takes work items from the uploaded work list; its KV head
+// is blockIdx.x % num_kv_heads. All query heads of that KV head are packed
+// into the rows of one MMA tile (row = token * group + head_in_group), so
+// each K/V tile is read once per group. Prefill items give each warp 16 rows;
+// decode items give all warps the same 16 rows and split every key tile between the warps, whose
 // partial softmax states are merged in shared memory at the end. Items of a
 // split group write normalized partial outputs plus their LSE, merged by
 // combine_kernel.
@@ -18,9 +18,9 @@
 #include <type_traits>
 
 #include "flash_params.h"
-#include "instantiations.h"
 #include "flash_pass.cuh"
 #include "flash_primitives.cuh"
+#include "instantiations.h"
 
 namespace pagedattn::cuda_flash::detail {
 
@@ -261,7 +261,6 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int my_run = tid / S::kChunks;
   const KvRunWalker<S::kKeysPerThread> walker(p, item, kv_head, bt_stride, range, tile_lo, my_ch, my_run,
                                                kFp8 ? 1 : 2);
-  const auto locate = [&](int t) { return walker.locate(t); };
 
   const auto issue_tile = [&](int t, int buf, RunStart run) {
     T* k_dst = kv_s + buf * 2 * S::kTileElems + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
@@ -290,10 +289,10 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   // computed; the one-stage (largest head) class looks it up just before use.
   RunStart run{-1, 0};
   const auto start_tile = [&](int t, int buf) {
-    if (S::kStages == 1) run = locate(t);
+    if (S::kStages == 1) run = walker.locate(t);
     issue_tile(t, buf, run);
     cp_async_commit();
-    if (S::kStages == 2 && t + 1 < num_tiles) run = locate(t + 1);
+    if (S::kStages == 2 && t + 1 < num_tiles) run = walker.locate(t + 1);
   };
 
   const auto compute_tile = [&](int t, int buf) {
@@ -443,11 +442,11 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 
   if constexpr (kFp8) {
     // ---- the key loop, fp8: tiles t + 1 .. t + kRawStages - 1 in flight ----
-    run = locate(0);
+    run = walker.locate(0);
     for (int t = 0; t < S::kRawStages - 1; ++t) {
       if (t < num_tiles) {
         issue_raw(t, run);
-        run = locate(t + 1);
+        run = walker.locate(t + 1);
       }
       cp_async_commit();
     }
@@ -457,7 +456,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       const int ahead = t + S::kRawStages - 1;
       if (ahead < num_tiles) {
         issue_raw(ahead, run);
-        run = locate(ahead + 1);
+        run = walker.locate(ahead + 1);
       }
       cp_async_commit();  // possibly empty: keeps the group count per tile fixed
       compute_tile(t, t % S::kRawStages);
@@ -465,7 +464,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   } else {
     // ---- the key loop, 16-bit: tile t + 1 in flight while tile t is computed ----
     if (num_tiles > 0) {
-      if (S::kStages == 2) run = locate(0);
+      if (S::kStages == 2) run = walker.locate(0);
       start_tile(0, 0);
     }
     for (int t = 0; t < num_tiles; ++t) {
@@ -579,15 +578,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
 // step kind.
 template <int kHC, typename T, KvStore kKv, bool kDecodeOnly>
 int launch_attention(const FlashParams& p, cudaStream_t stream) {
-  constexpr int kSmem = SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>::kSmemBytes;
   static std::atomic<std::uint64_t> configured{0};
-  if (const int rc = opt_in_shared_memory(attention_kernel<kHC, T, kKv, kDecodeOnly>, kSmem, configured);
-      rc != kLaunchOk) {
-    return rc;
-  }
-  attention_kernel<kHC, T, kKv, kDecodeOnly>
-      <<<static_cast<unsigned>(p.grid_items) * static_cast<unsigned>(p.num_kv_heads), kThreads, kSmem, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_over_items(attention_kernel<kHC, T, kKv, kDecodeOnly>, kThreads,
+                           SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>::kSmemBytes, configured, p, stream);
 }
 
 // Launches the attention kernel choose_kernel picked for one head-size class

@@ -48,6 +48,7 @@ constexpr KernelKind choose_kernel(int head_class, bool kv_fp8, bool decode_only
   }
   return KernelKind::Mixed;
 }
+
 inline constexpr int kMaxHeadSize = 256;
 inline constexpr int kHeadSizeAlign = 8;    // 16-byte vector loads of 16-bit elements
 

@@ -1,8 +1,9 @@
 // The parts of a CUDA_FLASH pass that do not depend on how its MMAs run:
 // the key range, the K/V copy walk over the paged cache, the online softmax
-// of one warp's 16 rows, and the output epilogue. The mma.sync kernels
-// (flash_attention.cuh) and the sm_90a wgmma kernel (flash_wgmma_prefill.cuh)
-// share them, so both give the same results for the same scores.
+// of one warp's 16 rows, and the output epilogue; and the walk over a step's
+// items with its launch. The mma.sync kernels (flash_attention.cuh) and the
+// sm_90a wgmma kernel (flash_wgmma_prefill.cuh) share them, so both give the
+// same results for the same scores.
 #pragma once
 
 #include <math_constants.h>
@@ -43,12 +44,14 @@ __device__ __forceinline__ PassRange pass_range(const FlashParams& p, const Work
 // it exists (row inside the pass, chunk inside the head).
 template <typename TIO>
 __device__ __forceinline__ const TIO* query_chunk_src(const FlashParams& p, const WorkItem& item, int kv_head,
-                                                      int group, int row0, int rows, int r, int ch, bool& valid) {
+                                                      int group, int row0, int rows, int r, int ch,
+                                                      bool& valid) {
   valid = r < rows && ch * kChunkElems < p.head_size;
   const int row = row0 + r;
   const std::int64_t token = item.token_begin + row / group;
   const int head = kv_head * group + row % group;
-  return static_cast<const TIO*>(p.query) + token * p.q_row_stride + head * p.q_head_stride + ch * kChunkElems;
+  return static_cast<const TIO*>(p.query) + token * p.q_row_stride + head * p.q_head_stride +
+         ch * kChunkElems;
 }
 
 // Reduces a thread's scores of row half `i` (elements 2i, 2i + 1 of every
@@ -99,8 +102,8 @@ struct KvRunWalker {
 
   // kv_elem: bytes per cached element (2, or 1 for fp8).
   __device__ __forceinline__ KvRunWalker(const FlashParams& params, const WorkItem& item, int kv_head,
-                                         int bt_stride, PassRange pass, int first_tile_key, int my_ch, int run,
-                                         std::int64_t kv_elem)
+                                         int bt_stride, PassRange pass, int first_tile_key, int my_ch,
+                                         int run, std::int64_t kv_elem)
       : p(params),
         range(pass),
         tile_lo(first_tile_key),
@@ -108,16 +111,20 @@ struct KvRunWalker {
         my_col(my_ch * kChunkElems < params.head_size),
         runs_in_block(params.dense_kv || params.block_size % kKeysPerRun == 0),
         kv_row_begin(item.kv_row_begin),
-        k_col(static_cast<const char*>(params.key) + (kv_head * params.k_head_stride + my_ch * kChunkElems) * kv_elem),
+        k_col(static_cast<const char*>(params.key) +
+              (kv_head * params.k_head_stride + my_ch * kChunkElems) * kv_elem),
         v_col(static_cast<const char*>(params.value) +
               (kv_head * params.v_head_stride + my_ch * kChunkElems) * kv_elem),
         k_block_bytes(params.k_block_stride * kv_elem),
         v_block_bytes(params.v_block_stride * kv_elem),
         k_slot_bytes(params.k_slot_stride * kv_elem),
         v_slot_bytes(params.v_slot_stride * kv_elem),
-        bt_row(params.dense_kv ? nullptr : params.block_table + static_cast<std::int64_t>(item.req) * bt_stride) {}
+        bt_row(params.dense_kv ? nullptr
+                               : params.block_table + static_cast<std::int64_t>(item.req) * bt_stride) {}
 
-  __device__ __forceinline__ int first_key(int t) const { return tile_lo + t * kBlockN + my_run * kKeysPerRun; }
+  __device__ __forceinline__ int first_key(int t) const {
+    return tile_lo + t * kBlockN + my_run * kKeysPerRun;
+  }
 
   __device__ __forceinline__ RunStart locate(int t) const {
     const int j = first_key(t);
@@ -183,8 +190,8 @@ struct KvRunWalker {
 // Whether keys [k0, k_last] are visible to every row of positions
 // [pos_lo, pos_hi] with plain scores (no soft cap, no ALiBi): such a block
 // needs neither masks nor per-score transforms.
-__device__ __forceinline__ bool whole_block(const FlashParams& p, PassRange range, int k0, int k_last, int pos_lo,
-                                            int pos_hi) {
+__device__ __forceinline__ bool whole_block(const FlashParams& p, PassRange range, int k0, int k_last,
+                                            int pos_lo, int pos_hi) {
   bool whole = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr && k0 >= range.kv_lo && k_last < range.kv_hi;
   if (p.mask == static_cast<int>(MaskKind::Causal)) whole = whole && k_last <= pos_lo;
   if (p.window_kind == static_cast<int>(WindowKind::Left)) {
@@ -229,18 +236,19 @@ __device__ __forceinline__ void apply_rescale(const Rescale& r, float (&o)[kDT][
 // the exponent's multiply-add; the others take scale, soft cap, ALiBi and the
 // masks per score. Log2 domain.
 template <int kNT>
-__device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const WorkItem& item, int kv_head, int group,
-                                                  PassRange range, const ScoreRows& at, bool whole, float qk_scale,
-                                                  float qk_scale_log2, float (&s)[kNT][4], float (&m)[2],
-                                                  float (&l)[2]) {
+__device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const WorkItem& item, int kv_head,
+                                                  int group, PassRange range, const ScoreRows& at, bool whole,
+                                                  float qk_scale, float qk_scale_log2, float (&s)[kNT][4],
+                                                  float (&m)[2], float (&l)[2]) {
   float tile_max[2] = {};
   const float exp_scale = whole ? qk_scale_log2 : 1.0f;
   if (!whole) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = at.row[i];
-      const float slope =
-          p.alibi_slopes != nullptr && row < at.row_end ? p.alibi_slopes[kv_head * group + row % group] : 0.0f;
+      const float slope = p.alibi_slopes != nullptr && row < at.row_end
+                              ? p.alibi_slopes[kv_head * group + row % group]
+                              : 0.0f;
       const int q_pos = item.position_begin + row / group;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -300,11 +308,12 @@ __device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const Wo
 
 // softmax_scores, then O rescaled at once.
 template <int kNT, int kDT>
-__device__ __forceinline__ void online_softmax(const FlashParams& p, const WorkItem& item, int kv_head, int group,
-                                               PassRange range, const ScoreRows& at, bool whole, float qk_scale,
-                                               float qk_scale_log2, float (&s)[kNT][4], float (&o)[kDT][4],
-                                               float (&m)[2], float (&l)[2]) {
-  apply_rescale(softmax_scores(p, item, kv_head, group, range, at, whole, qk_scale, qk_scale_log2, s, m, l), o);
+__device__ __forceinline__ void online_softmax(const FlashParams& p, const WorkItem& item, int kv_head,
+                                               int group, PassRange range, const ScoreRows& at, bool whole,
+                                               float qk_scale, float qk_scale_log2, float (&s)[kNT][4],
+                                               float (&o)[kDT][4], float (&m)[2], float (&l)[2]) {
+  apply_rescale(softmax_scores(p, item, kv_head, group, range, at, whole, qk_scale, qk_scale_log2, s, m, l),
+                o);
 }
 
 // The A operand of P V for keys 16 kk .. 16 kk + 15: the score accumulators of
@@ -323,8 +332,8 @@ __device__ __forceinline__ void scores_to_a(const float (&s)[kNT][4], int kk, st
 // fp8 P V order, o[2j] holding dims 16j + 4t + {0, 2} and o[2j + 1] dims
 // 16j + 4t + {1, 3}, put back in order here; else o[dt] holds dims 8 dt + 2t, +1.
 template <int kHC, bool kEvenOddDims, int kDT>
-__device__ __forceinline__ void stage_warp_rows(const float (&o)[kDT][4], const float (&m)[2], float (&l)[2], int r0,
-                                                int tig, float* stage, float* ml) {
+__device__ __forceinline__ void stage_warp_rows(const float (&o)[kDT][4], const float (&m)[2], float (&l)[2],
+                                                int r0, int tig, float* stage, float* ml) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -361,9 +370,9 @@ __device__ __forceinline__ void stage_warp_rows(const float (&o)[kDT][4], const 
 // the output (and LSE), or a split's normalized partial and its LSE. One
 // 8-element chunk of one row per thread iteration, kNumThreads threads.
 template <int kHC, typename TIO, bool kDecode, int kNumThreads>
-__device__ __forceinline__ void write_pass_output(const FlashParams& p, const WorkItem& item, int kv_head, int group,
-                                                  int row0, int rows, const float* stage, const float* ml,
-                                                  float v_scale) {
+__device__ __forceinline__ void write_pass_output(const FlashParams& p, const WorkItem& item, int kv_head,
+                                                  int group, int row0, int rows, const float* stage,
+                                                  const float* ml, float v_scale) {
   const int chunks = p.head_size / kChunkElems;
   for (int u = static_cast<int>(threadIdx.x); u < rows * chunks; u += kNumThreads) {
     const int r = u / chunks;
@@ -423,8 +432,9 @@ __device__ __forceinline__ void write_pass_output(const FlashParams& p, const Wo
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= f;
     const std::int64_t token = item.token_begin + token_rel;
-    store8<TIO>(static_cast<TIO*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
-                acc);
+    store8<TIO>(
+        static_cast<TIO*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
+        acc);
     if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
   }
 }
@@ -444,20 +454,26 @@ __device__ __forceinline__ void for_each_item(const FlashParams& p, F&& f) {
   }
 }
 
-// Host: raises `kernel`'s dynamic shared-memory limit to `bytes`, once per
-// device (`configured` holds a bit per device; a host call per launch costs
-// more than a decode step's kernel). Returns kLaunchOk or a cudaError_t.
+// Host: launches an attention kernel over the step's items (the 1-D grid of
+// for_each_item) with `threads` threads and `smem_bytes` of dynamic shared
+// memory. The shared-memory opt-in runs once per device (`configured` holds
+// a bit per device; a host call per launch costs more than a decode step's
+// kernel). Returns kLaunchOk or a cudaError_t value.
 template <typename Kernel>
-int opt_in_shared_memory(Kernel kernel, int bytes, std::atomic<std::uint64_t>& configured) {
+int launch_over_items(Kernel kernel, int threads, int smem_bytes, std::atomic<std::uint64_t>& configured,
+                      const FlashParams& p, cudaStream_t stream) {
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
   if ((configured.load() & bit) == 0) {
-    const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    const cudaError_t attr =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (attr != cudaSuccess) return static_cast<int>(attr);
     configured.fetch_or(bit);
   }
-  return kLaunchOk;
+  kernel<<<static_cast<unsigned>(p.grid_items) * static_cast<unsigned>(p.num_kv_heads), threads, smem_bytes,
+           stream>>>(p);
+  return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace pagedattn::cuda_flash::detail

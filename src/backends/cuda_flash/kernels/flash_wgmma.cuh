@@ -159,23 +159,38 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
 }
 
 #define PAGEDATTN_WG_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define PAGEDATTN_WG_D32 \
+#define PAGEDATTN_WG_D32                                                                              \
   PAGEDATTN_WG_D4(0), PAGEDATTN_WG_D4(1), PAGEDATTN_WG_D4(2), PAGEDATTN_WG_D4(3), PAGEDATTN_WG_D4(4), \
       PAGEDATTN_WG_D4(5), PAGEDATTN_WG_D4(6), PAGEDATTN_WG_D4(7)
 #define PAGEDATTN_WG_W4(j) "=f"(d[j][0]), "=f"(d[j][1]), "=f"(d[j][2]), "=f"(d[j][3])
-#define PAGEDATTN_WG_W32 \
+#define PAGEDATTN_WG_W32                                                                              \
   PAGEDATTN_WG_W4(0), PAGEDATTN_WG_W4(1), PAGEDATTN_WG_W4(2), PAGEDATTN_WG_W4(3), PAGEDATTN_WG_W4(4), \
       PAGEDATTN_WG_W4(5), PAGEDATTN_WG_W4(6), PAGEDATTN_WG_W4(7)
-#define PAGEDATTN_WG_D64 \
+#define PAGEDATTN_WG_D64                                                                              \
   PAGEDATTN_WG_D32, PAGEDATTN_WG_D4(8), PAGEDATTN_WG_D4(9), PAGEDATTN_WG_D4(10), PAGEDATTN_WG_D4(11), \
       PAGEDATTN_WG_D4(12), PAGEDATTN_WG_D4(13), PAGEDATTN_WG_D4(14), PAGEDATTN_WG_D4(15)
-#define PAGEDATTN_WG_REGS32                                                                                      \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
-  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define PAGEDATTN_WG_REGS64                                                                                       \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "  \
-  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
-  "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define PAGEDATTN_WG_REGS32                                                                     \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define PAGEDATTN_WG_REGS64                                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "     \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, " \
+  "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, " \
+  "%58, %59, %60, %61, %62, %63}"
+
+// One wgmma statement per operand type (`ty`: "f16" or "bf16", both operands).
+// SS: both operands from shared memory, K-major; scale_d "0" ignores the old D.
+#define PAGEDATTN_WG_SS(ty, scale_d, outs)                                                     \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " PAGEDATTN_WG_REGS32 \
+               ", %32, %33, " scale_d ", 1, 1, 0, 0;\n"                                        \
+               : outs                                                                          \
+               : "l"(desc_a), "l"(desc_b))
+// RS: A from registers, B from shared memory, MN-major (transposed).
+#define PAGEDATTN_WG_RS(ty)                                                                     \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." ty "." ty " " PAGEDATTN_WG_REGS64 \
+               ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                     \
+               : PAGEDATTN_WG_D64                                                               \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
 // D[64 x 64] (+)= A[64 x 16] B[16 x 64]^T, both from shared memory, K-major
 // (S = Q K^T of one 16-dim step; kFirst: D = A B^T, the old D neither read
@@ -184,28 +199,18 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
 // D: warp w of the warpgroup holds rows 16w .. 16w + 15, d[nt] as an m16n8 C
 // fragment of n-tile nt.
 template <typename T, bool kFirst>
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64_t desc_a, std::uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64_t desc_a,
+                                                   std::uint64_t desc_b) {
 #if PAGEDATTN_WGMMA_ENABLED
-  if constexpr (kFirst && std::is_same_v<T, half>) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " PAGEDATTN_WG_REGS32
-                 ", %32, %33, 0, 1, 1, 0, 0;\n"
-                 : PAGEDATTN_WG_W32
-                 : "l"(desc_a), "l"(desc_b));
+  constexpr bool kHalf = std::is_same_v<T, half>;
+  if constexpr (kFirst && kHalf) {
+    PAGEDATTN_WG_SS("f16", "0", PAGEDATTN_WG_W32);
   } else if constexpr (kFirst) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PAGEDATTN_WG_REGS32
-                 ", %32, %33, 0, 1, 1, 0, 0;\n"
-                 : PAGEDATTN_WG_W32
-                 : "l"(desc_a), "l"(desc_b));
-  } else if constexpr (std::is_same_v<T, half>) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " PAGEDATTN_WG_REGS32
-                 ", %32, %33, 1, 1, 1, 0, 0;\n"
-                 : PAGEDATTN_WG_D32
-                 : "l"(desc_a), "l"(desc_b));
+    PAGEDATTN_WG_SS("bf16", "0", PAGEDATTN_WG_W32);
+  } else if constexpr (kHalf) {
+    PAGEDATTN_WG_SS("f16", "1", PAGEDATTN_WG_D32);
   } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PAGEDATTN_WG_REGS32
-                 ", %32, %33, 1, 1, 1, 0, 0;\n"
-                 : PAGEDATTN_WG_D32
-                 : "l"(desc_a), "l"(desc_b));
+    PAGEDATTN_WG_SS("bf16", "1", PAGEDATTN_WG_D32);
   }
 #else
   (void)d, (void)desc_a, (void)desc_b;
@@ -220,15 +225,9 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const std
                                                     std::uint64_t desc_b) {
 #if PAGEDATTN_WGMMA_ENABLED
   if constexpr (std::is_same_v<T, half>) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " PAGEDATTN_WG_REGS64
-                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-                 : PAGEDATTN_WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+    PAGEDATTN_WG_RS("f16");
   } else {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " PAGEDATTN_WG_REGS64
-                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-                 : PAGEDATTN_WG_D64
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+    PAGEDATTN_WG_RS("bf16");
   }
 #else
   (void)d, (void)a, (void)desc_b;
@@ -242,5 +241,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const std
 #undef PAGEDATTN_WG_D64
 #undef PAGEDATTN_WG_REGS32
 #undef PAGEDATTN_WG_REGS64
+#undef PAGEDATTN_WG_SS
+#undef PAGEDATTN_WG_RS
 
 }  // namespace pagedattn::cuda_flash::detail

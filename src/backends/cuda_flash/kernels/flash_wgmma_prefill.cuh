@@ -129,7 +129,8 @@ __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, i
     });
   };
 
-  const std::uint32_t q_addr = smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
+  const std::uint32_t q_addr =
+      smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
   const auto tile_addr = [&](int t) {
     return smem_addr(kv_s + ((sync.seq + t) % L::kStages) * 2 * L::kTileBytes);
   };
@@ -160,8 +161,8 @@ __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, i
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) {
-      const std::uint64_t dv =
-          smem_desc(v_addr + static_cast<std::uint32_t>(kk * kWgmmaK * kSwizzleBytes), kPanelStride, kAtomStride);
+      const std::uint64_t dv = smem_desc(v_addr + static_cast<std::uint32_t>(kk * kWgmmaK * kSwizzleBytes),
+                                         kPanelStride, kAtomStride);
       wgmma_m64n128k16_rs<T>(o, a[kk], dv);
     }
     wgmma_commit();
@@ -286,8 +287,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
   for_each_item(p, [&](const WorkItem& item, int kv_head, int group, int bt_stride) {
     const int rows_total = item.num_tokens * group;
     for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) {
-      wgmma_prefill_pass<T>(p, item, kv_head, group, bt_stride, row0, min(kPrefillRows, rows_total - row0), q_s,
-                            kv_s, stage, ml, sync);
+      wgmma_prefill_pass<T>(p, item, kv_head, group, bt_stride, row0, min(kPrefillRows, rows_total - row0),
+                            q_s, kv_s, stage, ml, sync);
     }
   });
 #else
@@ -297,12 +298,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
 
 template <typename T>
 int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
-  constexpr int kSmem = WgmmaLayout::kSmemBytes;
   static std::atomic<std::uint64_t> configured{0};
-  if (const int rc = opt_in_shared_memory(wgmma_prefill_kernel<T>, kSmem, configured); rc != kLaunchOk) return rc;
-  wgmma_prefill_kernel<T>
-      <<<static_cast<unsigned>(p.grid_items) * static_cast<unsigned>(p.num_kv_heads), kWgmmaThreads, kSmem, stream>>>(p);
-  return static_cast<int>(cudaGetLastError());
+  return launch_over_items(wgmma_prefill_kernel<T>, kWgmmaThreads, WgmmaLayout::kSmemBytes, configured, p,
+                           stream);
 }
 
 }  // namespace pagedattn::cuda_flash::detail
