@@ -6,6 +6,7 @@
 #include <pagedattn/backend.h>
 #include <pagedattn/tensor.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace pagedattn {
@@ -32,6 +33,18 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
 void merge_attn_states(const TensorView& output, const TensorView& prefix_output, const TensorView& prefix_lse,
                        const TensorView& suffix_output, const TensorView& suffix_lse,
                        const TensorView& output_lse = {});
+
+// Copies slices along dimension `dim` through an index (torch's index_select
+// into `dst`, with a fill where the index selects nothing). The index is
+// read only on the device, never on the host, so a device step can run this
+// without a sync and a CUDA graph can capture it.
+//   dst    [..., N, ...]  N = index.size(0) at dimension `dim`; any strides
+//   src    [..., M, ...]  dst's shape except at `dim`, dst's dtype and device; any
+//                         strides; must not overlap dst
+//   index  [N] i32        dst.select(dim, i) = src.select(dim, index[i]); where index[i]
+//                         is outside [0, M) every element of that slice is fill_value
+void index_select(const TensorView& dst, const TensorView& src, int dim, const TensorView& index,
+                  float fill_value = 0.0f);
 
 // Copies whole blocks within each cache (vLLM's copy_blocks).
 //   caches         each [NB, ...] (block dimension first; K and V halves passed separately)
@@ -61,6 +74,9 @@ struct OpsImpl {
                                  const TensorView& prefix_lse, const TensorView& suffix_output,
                                  const TensorView& suffix_lse, const TensorView& output_lse) = 0;
   virtual void copy_blocks(const std::vector<TensorView>& caches, const TensorView& block_mapping) = 0;
+  // fill_bits: the fill value's bytes in dst's dtype (the low element-size bytes).
+  virtual void index_select(const TensorView& dst, const TensorView& src, int dim, const TensorView& index,
+                            std::uint64_t fill_bits) = 0;
   virtual float abs_max(const TensorView& x) = 0;
 };
 void register_ops_impl(DeviceType type, OpsImpl* impl);

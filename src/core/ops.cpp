@@ -231,6 +231,26 @@ void copy_blocks(const std::vector<TensorView>& caches, const TensorView& block_
   ops_impl(device.type).copy_blocks(caches, block_mapping);
 }
 
+void index_select(const TensorView& dst, const TensorView& src, int dim, const TensorView& index,
+                  float fill_value) {
+  constexpr std::string_view where = "index_select";
+  check_arg(dst.defined(), where, "dst", "a defined tensor", "undefined");
+  check_rank(src, where, "src", dst.dim());
+  check_arg(dim >= 0 && dim < dst.dim(), where, "dim", fmt::format("in [0, {}) (dst rank)", dst.dim()), dim);
+  check_rank(index, where, "index", 1);
+  check_dtype(src, where, "src", dst.dtype());
+  check_dtype(index, where, "index", DType::I32);
+  check_device(src, where, "src", dst.device());
+  check_device(index, where, "index", dst.device());
+  check_size(index, 0, where, "index", dst.size(dim));
+  for (int d = 0; d < dst.dim(); ++d) {
+    if (d != dim) check_size(src, d, where, "src", dst.size(d));
+  }
+  std::uint64_t fill_bits = 0;
+  store_from_float(&fill_bits, dst.dtype(), fill_value);
+  ops_impl(dst.device().type).index_select(dst, src, dim, index, fill_bits);
+}
+
 KVScales calc_kv_scales(const TensorView& query, const TensorView& key, const TensorView& value) {
   constexpr std::string_view where = "calc_kv_scales";
   const std::array<std::pair<const TensorView*, std::string_view>, 3> inputs{

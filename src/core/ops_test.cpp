@@ -935,6 +935,50 @@ TEST(OpsCalcKvScales, Errors) {
                  "key device must be cpu");
 }
 
+// ---- index_select ----------------------------------------------------------------------
+
+// src [3, 2, 4] holding 0..23; dst rows take src rows {2, -1, 0, 3}: -1 and
+// 3 (past src's 3 rows) select nothing and get the fill value.
+TEST(OpsIndexSelect, GathersRowsAndFillsTheRest) {
+  std::vector<float> values(24);
+  std::iota(values.begin(), values.end(), 0.0f);
+  const Tensor src = Tensor::from_floats(values, {3, 2, 4}, DType::BF16);
+  const Tensor dst = Tensor::empty({4, 2, 4}, DType::BF16);
+  index_select(dst, src, 0, Tensor::from_i32(std::vector<std::int32_t>{2, -1, 0, 3}, {4}), -7.0f);
+  const std::vector<float> got = to_float_vector(dst);
+  for (int e = 0; e < 8; ++e) {
+    EXPECT_EQ(got[static_cast<std::size_t>(e)], 16.0f + e) << e;
+    EXPECT_EQ(got[static_cast<std::size_t>(8 + e)], -7.0f) << e;
+    EXPECT_EQ(got[static_cast<std::size_t>(16 + e)], static_cast<float>(e)) << e;
+    EXPECT_EQ(got[static_cast<std::size_t>(24 + e)], -7.0f) << e;
+  }
+}
+
+// Along dimension 1 of an [H, T] LSE, into a strided view: the columns of
+// [2, 5] outside the view keep their poison.
+TEST(OpsIndexSelect, AlongAnInnerDimensionIntoAStridedView) {
+  const Tensor src = Tensor::from_floats(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}, DType::F32);
+  const Tensor wide = Tensor::empty({2, 5}, DType::F32);
+  fill_tensor(wide, 99.0f);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  index_select(wide.slice(1, 0, 4), src, 1, Tensor::from_i32(std::vector<std::int32_t>{1, -1, 2, 0}, {4}), neg_inf);
+  EXPECT_EQ(to_float_vector(wide), (std::vector<float>{2, neg_inf, 3, 1, 99, 5, neg_inf, 6, 4, 99}));
+}
+
+TEST(OpsIndexSelectErrors, EveryErrorNamesItsArgument) {
+  const Tensor src = Tensor::zeros({3, 2, 4}, DType::BF16);
+  const Tensor dst = Tensor::zeros({2, 2, 4}, DType::BF16);
+  const Tensor index = Tensor::from_i32(std::vector<std::int32_t>{0, 1}, {2});
+  expect_invalid([&] { index_select(dst, src, 3, index); }, "index_select: dim must be in [0, 3) (dst rank), got 3");
+  expect_invalid([&] { index_select(dst, src.select(0, 0), 0, index); }, "index_select: src rank must be 3");
+  expect_invalid([&] { index_select(dst, Tensor::zeros({3, 2, 4}, DType::F32), 0, index); }, "src dtype must be bf16");
+  expect_invalid([&] { index_select(dst, Tensor::zeros({3, 3, 4}, DType::BF16), 0, index); }, "src size(1) must be 2");
+  expect_invalid([&] { index_select(dst, src, 0, Tensor::from_i64(std::vector<std::int64_t>{0, 1}, {2})); },
+                 "index dtype must be i32, got i64");
+  expect_invalid([&] { index_select(dst, src, 0, Tensor::from_i32(std::vector<std::int32_t>{0}, {1})); },
+                 "index size(0) must be 2");
+}
+
 // ---- dispatch ---------------------------------------------------------------------------
 
 // Records calls instead of computing.
@@ -948,6 +992,7 @@ struct RecordingOps final : OpsImpl {
     ++merge_calls;
   }
   void copy_blocks(const std::vector<TensorView>&, const TensorView&) override { ++copy_calls; }
+  void index_select(const TensorView&, const TensorView&, int, const TensorView&, std::uint64_t) override {}
   float abs_max(const TensorView&) override { return 2.0f; }
   int reshape_calls = 0, merge_calls = 0, copy_calls = 0;
 };

@@ -9,6 +9,7 @@
 
 #include "cuda/cuda_runtime.h"
 #include "cuda/kernels/cache_ops.h"
+#include "ops/index_select_params.h"
 
 namespace pagedattn::cuda {
 namespace {
@@ -115,6 +116,14 @@ class CudaOps final : public OpsImpl {
       p.num_pairs = block_mapping.size(0);
       check_cuda(k::launch_copy_blocks(p, current_stream()), "copy_blocks (CUDA)");
     }
+  }
+
+  void index_select(const TensorView& dst, const TensorView& src, int dim, const TensorView& index,
+                    std::uint64_t fill_bits) override {
+    DeviceGuard guard(dst.device().index);
+    check_cuda(k::launch_index_select(index_select_params<k::IndexSelectParams>(dst, src, dim, index, fill_bits),
+                                      current_stream()),
+               "index_select (CUDA)");
   }
 
   float abs_max(const TensorView& x) override {

@@ -133,6 +133,30 @@ TEST(CudaOpsTest, MergeAttnStatesMatchesCpu) {
   }
 }
 
+// Rows of a strided bf16 source (a view into a wider buffer) gathered along
+// dimension 0, and an f32 [H, T] LSE along dimension 1 with a -inf fill:
+// bit for bit as on the CPU.
+TEST(CudaOpsTest, IndexSelectMatchesCpu) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(5);
+  const Tensor wide = random_tensor({7, 3, 80}, DType::BF16, rng);
+  const Tensor rows = wide.slice(2, 0, 64);  // [7, 3, 64], rows 240 apart
+  const Tensor index = Tensor::from_i32(std::vector<std::int32_t>{6, -1, 0, 3, 7, 3}, {6});
+  const Tensor want_rows = Tensor::empty({6, 3, 64}, DType::BF16);
+  index_select(want_rows, rows, 0, index);
+  const Tensor got_rows = Tensor::empty({6, 3, 64}, DType::BF16, Device::cuda());
+  fill_tensor_bits(got_rows, kPoison);
+  index_select(got_rows, wide.to(Device::cuda()).slice(2, 0, 64), 0, index.to(Device::cuda()));
+  EXPECT_EQ(to_byte_vector(got_rows), to_byte_vector(want_rows));
+
+  const Tensor lse = random_tensor({4, 9}, DType::F32, rng);
+  const Tensor want_lse = Tensor::empty({4, 6}, DType::F32);
+  index_select(want_lse, lse, 1, index, -kInf);
+  const Tensor got_lse = Tensor::empty({4, 6}, DType::F32, Device::cuda());
+  index_select(got_lse, lse.to(Device::cuda()), 1, index.to(Device::cuda()), -kInf);
+  EXPECT_EQ(to_byte_vector(got_lse), to_byte_vector(want_lse));
+}
+
 TEST(CudaOpsTest, CopyBlocksAndAbsMaxMatchCpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(5);

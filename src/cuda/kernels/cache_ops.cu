@@ -119,6 +119,33 @@ __global__ void copy_blocks_kernel(const CopyBlocksParams p) {
   }
 }
 
+__global__ void index_select_kernel(const IndexSelectParams p) {
+  const StridedLayout& slice = p.dst_slice;
+  std::int64_t per_row = 1;
+  for (int d = 0; d < slice.rank; ++d) per_row *= slice.shape[d];
+  const std::int64_t total = p.num_rows * per_row;
+  for (std::int64_t e = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = e / per_row;
+    const std::int64_t row = p.index[i * p.index_stride];
+    const bool fill = row < 0 || row >= p.src_rows;
+    // Row-major position of e within its row, as offsets under both strides.
+    std::int64_t rest = e % per_row;
+    std::int64_t dst_off = i * p.dst_row_stride;
+    std::int64_t src_off = row * p.src_row_stride;
+    for (int d = slice.rank - 1; d >= 0; --d) {
+      const std::int64_t idx = rest % slice.shape[d];
+      rest /= slice.shape[d];
+      dst_off += idx * slice.strides[d];
+      src_off += idx * p.src_slice_strides[d];
+    }
+    unsigned char* d = at(static_cast<unsigned char*>(p.dst), dst_off, p.element_size);
+    const unsigned char* s = fill ? reinterpret_cast<const unsigned char*>(&p.fill_bits)
+                                  : at(static_cast<const unsigned char*>(p.src), src_off, p.element_size);
+    for (std::size_t b = 0; b < p.element_size; ++b) d[b] = s[b];
+  }
+}
+
 __global__ void abs_max_kernel(const AbsMaxParams p) {
   std::int64_t total = 1;
   for (int d = 0; d < p.layout.rank; ++d) total *= p.layout.shape[d];
@@ -157,6 +184,15 @@ int launch_copy_blocks(const CopyBlocksParams& p, void* stream) {
   if (p.num_pairs == 0 || per_block == 0) return 0;
   const dim3 grid(grid_for(per_block), static_cast<unsigned>(p.num_pairs < kMaxGrid ? p.num_pairs : kMaxGrid));
   copy_blocks_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int launch_index_select(const IndexSelectParams& p, void* stream) {
+  std::int64_t per_row = 1;
+  for (int d = 0; d < p.dst_slice.rank; ++d) per_row *= p.dst_slice.shape[d];
+  const std::int64_t total = p.num_rows * per_row;
+  if (total == 0) return 0;
+  index_select_kernel<<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -167,6 +167,32 @@ void copy_blocks(const CopyBlocksParams& p) {
   }
 }
 
+void index_select(const IndexSelectParams& p) {
+  const StridedLayout& slice = p.dst_slice;
+  const std::int64_t per_row = numel(slice);
+  for (std::int64_t i = 0; i < p.num_rows; ++i) {
+    const std::int64_t row = p.index[i * p.index_stride];
+    const bool fill = row < 0 || row >= p.src_rows;
+    void* dst_row = at(p.dst, i * p.dst_row_stride, p.element_size);
+    const void* src_row = fill ? nullptr : at(p.src, row * p.src_row_stride, p.element_size);
+    for (std::int64_t e = 0; e < per_row; ++e) {
+      // Row-major position e of the slice, as offsets under both strides.
+      std::int64_t rest = e;
+      std::int64_t dst_off = 0;
+      std::int64_t src_off = 0;
+      for (int d = slice.rank - 1; d >= 0; --d) {
+        const std::int64_t idx = rest % slice.shape[d];
+        rest /= slice.shape[d];
+        dst_off += idx * slice.strides[d];
+        src_off += idx * p.src_slice_strides[d];
+      }
+      std::memcpy(at(dst_row, dst_off, p.element_size),
+                  fill ? static_cast<const void*>(&p.fill_bits) : at(src_row, src_off, p.element_size),
+                  p.element_size);
+    }
+  }
+}
+
 float abs_max(const AbsMaxParams& p) {
   const std::size_t es = dtype_size(p.dtype);
   float result = 0.0f;

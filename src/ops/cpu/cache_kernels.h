@@ -97,6 +97,25 @@ struct CopyBlocksParams {
 };
 void copy_blocks(const CopyBlocksParams& p);
 
+// Copies slices along one dimension through an index (the index_select op):
+// dst row i = src row index[i], or fill_bits in every element where index[i]
+// is outside [0, src_rows).
+struct IndexSelectParams {
+  void* dst = nullptr;                  // rows of dst_slice, dst_row_stride apart
+  const void* src = nullptr;            // rows of dst_slice's shape, src_row_stride apart
+  const std::int32_t* index = nullptr;  // [num_rows]
+  std::int64_t index_stride = 1;
+  std::int64_t num_rows = 0;  // dst's size along the indexed dimension
+  std::int64_t src_rows = 0;  // src's size along it
+  std::int64_t dst_row_stride = 0;
+  std::int64_t src_row_stride = 0;
+  StridedLayout dst_slice;                              // one dst row: shape and strides
+  std::int64_t src_slice_strides[kMaxLayoutDims] = {};  // one src row's strides (same shape)
+  std::size_t element_size = 0;
+  std::uint64_t fill_bits = 0;  // the fill value's bytes (the low element_size bytes)
+};
+void index_select(const IndexSelectParams& p);
+
 struct AbsMaxParams {
   const void* data = nullptr;
   DType dtype = DType::F32;

@@ -3,6 +3,7 @@
 #include "ops/cpu/cpu_ops.h"
 
 #include "ops/cpu/cache_kernels.h"
+#include "ops/index_select_params.h"
 
 namespace pagedattn {
 namespace {
@@ -101,6 +102,11 @@ class CpuOps final : public OpsImpl {
       p.num_pairs = block_mapping.size(0);
       k::copy_blocks(p);
     }
+  }
+
+  void index_select(const TensorView& dst, const TensorView& src, int dim, const TensorView& index,
+                    std::uint64_t fill_bits) override {
+    k::index_select(index_select_params<k::IndexSelectParams>(dst, src, dim, index, fill_bits));
   }
 
   float abs_max(const TensorView& x) override {
