@@ -154,13 +154,17 @@ struct DcpLocalBatch {
   DcpConfig dcp;
   int num_tokens = 0;                    // global query tokens of the step
   std::vector<std::int32_t> token_rows;  // [T_local] global query row of each local row
-  CommonAttentionMetadata metadata;      // [T_local] rows; slot_mapping = this rank's slots or -1
+  // Device copies for the index_select op, uploaded once with the metadata:
+  Tensor token_rows_index;  // [T_local] i32: token_rows
+  Tensor local_row_index;   // [T] i32: the local row of each global token, -1 where none
+  CommonAttentionMetadata metadata;  // [T_local] rows; slot_mapping = this rank's slots or -1
   bool empty() const { return token_rows.empty(); }
 };
 
 // `requests` as for make_common_metadata, with blocks addressing
 // block_size * dcp.size positions each (see dcp_slots_for_positions);
-// `options.block_size` is the physical block size of every rank's cache.
+// `options.block_size` is the physical block size of every rank's cache;
+// every tensor of the batch is on `options.device`.
 // Throws InvalidArgument on a bad DcpConfig, on options.num_padded_slots != 0,
 // and on whatever make_common_metadata rejects.
 DcpLocalBatch make_dcp_local_batch(std::span<const RequestSpec> requests, const MetadataOptions& options,
@@ -176,6 +180,36 @@ struct DcpMergeWorkspace {
                                     std::int64_t head_size, DType dtype, Device device);
 };
 
+// Every buffer of one rank's DCP step, for steps of up to max_tokens query
+// tokens: allocated once, so that a step allocates nothing. Each buffer is
+// flat; a step uses its leading part, viewed with the step's token count.
+struct DcpWorkspace {
+  int dcp_size = 1;
+  std::int64_t max_tokens = 0;
+  std::int64_t num_heads = 0;
+  std::int64_t num_kv_heads = 0;
+  std::int64_t head_size = 0;
+  DType dtype = DType::BF16;  // the layer's activation dtype (query, key, value, output)
+  Device device{};
+  Tensor local_query;      // [max_tokens * H * D]     the rank's query rows
+  Tensor local_key;        // [max_tokens * Hkv * D]
+  Tensor local_value;      // [max_tokens * Hkv * D]
+  Tensor local_output;     // [max_tokens * H * D]     attention over the rank's keys
+  Tensor local_lse;        // [H * max_tokens] f32
+  Tensor partial_output;   // [max_tokens * H * D]     local rows scattered to every token
+  Tensor partial_lse;      // [H * max_tokens] f32
+  Tensor gathered_output;  // [dcp_size * max_tokens * H * D]
+  Tensor gathered_lse;     // [dcp_size * H * max_tokens] f32
+  Tensor merged_lse;       // [H * max_tokens] f32
+
+  // Sized for `layer` (its heads, head size and activation dtype) on `device`.
+  // Throws InvalidArgument on dcp_size < 1 or max_tokens < 1.
+  static DcpWorkspace allocate(const Attention& layer, int dcp_size, std::int64_t max_tokens, Device device);
+  // dcp_merge's buffers for a step of num_tokens tokens: views of this
+  // workspace. Throws InvalidArgument when num_tokens exceeds max_tokens.
+  DcpMergeWorkspace merge_workspace(std::int64_t num_tokens) const;
+};
+
 // All-gathers every rank's partial result over `comm` and merges them with
 // merge_attn_states in rank order 0, 1, ..., so every rank ends with the same
 // full result, bit for bit.
@@ -188,12 +222,25 @@ void dcp_merge(Communicator& comm, const TensorView& local_output, const TensorV
                const DcpMergeWorkspace& workspace, const TensorView& output,
                const TensorView& output_lse = {});
 
-// One rank's DCP attention for one step: stores the key/value rows this rank
-// owns into `layer`'s cache, computes attention over the rank's keys for
-// batch.token_rows, then dcp_merge. The caller installs a forward context
-// whose metadata for `layer` was built from batch.metadata (none is read when
-// the batch is empty). Allocates its
-// temporaries (not yet capturable in a CUDA graph).
+// One rank's partial result of a step: views into the workspace.
+struct DcpPartial {
+  TensorView output;  // [T, H, D] contiguous; zero where the rank saw no key
+  TensorView lse;     // [H, T] f32 contiguous; -inf where the rank saw no key
+};
+
+// The first half of dcp_attention_forward: stores the key/value rows this
+// rank owns into `layer`'s cache and computes attention over the rank's keys
+// for batch.token_rows, gathering those rows of query/key/value and
+// scattering the result back to every token with the index_select op (one
+// launch each, no host read). Allocates nothing. Arguments as for
+// dcp_attention_forward.
+DcpPartial dcp_local_attention(Attention& layer, const DcpLocalBatch& batch, const DcpWorkspace& workspace,
+                               const TensorView& query, const TensorView& key, const TensorView& value);
+
+// One rank's DCP attention for one step: dcp_local_attention, then dcp_merge.
+// The caller installs a forward context whose metadata for `layer` was built
+// from batch.metadata (none is read when the batch is empty). Allocates
+// nothing: every buffer is in `workspace`.
 //   query   [T, H, D]     every query token of the step, as on one rank
 //   key     [T, Hkv, D]   every key of the step (the rank keeps those it owns)
 //   value   [T, Hkv, D]
@@ -201,7 +248,14 @@ void dcp_merge(Communicator& comm, const TensorView& local_output, const TensorV
 //   lse     [H, T] f32    or undefined
 // Throws Unsupported for layers with sliding windows, ALiBi or sinks (their
 // masks and sink term need global positions, which the local requests do not
-// carry), and InvalidArgument when comm and batch.dcp disagree.
+// carry), and InvalidArgument when comm and batch.dcp disagree, or when the
+// tensors do not match the layer, the batch or the workspace.
+void dcp_attention_forward(Attention& layer, const DcpLocalBatch& batch, Communicator& comm,
+                           const DcpWorkspace& workspace, const TensorView& query, const TensorView& key,
+                           const TensorView& value, const TensorView& output, const TensorView& lse = {});
+
+// The same with a workspace allocated for this step (convenient, but the
+// allocation makes it unfit for CUDA graph capture).
 void dcp_attention_forward(Attention& layer, const DcpLocalBatch& batch, Communicator& comm,
                            const TensorView& query, const TensorView& key, const TensorView& value,
                            const TensorView& output, const TensorView& lse = {});

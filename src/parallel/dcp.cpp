@@ -10,6 +10,28 @@
 #include <utility>
 
 namespace pagedattn {
+namespace {
+
+constexpr std::int32_t kNoLocalRow = -1;  // index_select fills such rows
+constexpr float kNoKeyLse = -std::numeric_limits<float>::infinity();
+
+// The leading elements of a flat workspace buffer, viewed as `shape`.
+Tensor carve(const Tensor& flat, Dims shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  return flat.slice(0, 0, n).view(shape);
+}
+
+// Masks and biases that need global positions, which the local requests do
+// not carry, and the sink term, which every rank would add once.
+void check_dcp_layer(const Attention& layer, std::string_view where) {
+  if (layer.sliding_window()) throw_unsupported(where, "sliding windows with decode context parallelism");
+  if (!layer.impl().params().alibi_slopes.empty())
+    throw_unsupported(where, "ALiBi with decode context parallelism");
+  if (layer.has_sink()) throw_unsupported(where, "sinks with decode context parallelism");
+}
+
+}  // namespace
 
 void validate_dcp_config(const DcpConfig& dcp, std::string_view where, int block_size) {
   check_arg(dcp.size >= 1, where, "dcp.size", ">= 1", dcp.size);
@@ -91,6 +113,13 @@ DcpLocalBatch make_dcp_local_batch(std::span<const RequestSpec> requests, const 
       batch.token_rows.push_back(row);
     }
   }
+  std::vector<std::int32_t> local_row(static_cast<std::size_t>(batch.num_tokens), kNoLocalRow);
+  for (std::size_t i = 0; i < batch.token_rows.size(); ++i) {
+    local_row[static_cast<std::size_t>(batch.token_rows[i])] = static_cast<std::int32_t>(i);
+  }
+  batch.local_row_index = Tensor::from_i32(local_row, {batch.num_tokens}).to(options.device);
+  batch.token_rows_index =
+      Tensor::from_i32(batch.token_rows, {static_cast<std::int64_t>(batch.token_rows.size())}).to(options.device);
   if (local_requests.empty()) return batch;  // nothing to attend to or store here
   batch.metadata = make_common_metadata(local_requests, options);
   batch.metadata.slot_mapping =
@@ -139,75 +168,143 @@ void dcp_merge(Communicator& comm, const TensorView& local_output, const TensorV
   comm.all_gather(local_output, gathered_output);
   comm.all_gather(local_lse, gathered_lse);
 
-  // Rank order on every rank, so every rank computes the same bits. The
-  // running LSE alternates between two buffers: merge_attn_states may not
-  // write the LSE it reads (its CUDA kernel reads it from several threads).
-  copy_tensor(output, gathered_output.select(0, 0));
-  TensorView running_lse = gathered_lse.select(0, 0);
-  TensorView next_lse = workspace.merged_lse;
-  for (int r = 1; r < size; ++r) {
-    merge_attn_states(output, output, running_lse, gathered_output.select(0, r), gathered_lse.select(0, r),
-                      next_lse);
-    std::swap(running_lse, next_lse);
+  if (size == 1) {
+    copy_tensor(output, gathered_output.select(0, 0));
+    if (output_lse.defined()) copy_tensor(output_lse, gathered_lse.select(0, 0));
+    return;
   }
-  if (output_lse.defined()) copy_tensor(output_lse, running_lse);
+  // Rank order on every rank, so every rank computes the same bits. The
+  // first fold reads rank 0's state where it was gathered and the last one
+  // writes the caller's LSE, so no copy is needed. In between, the running
+  // LSE alternates between two buffers: merge_attn_states may not write the
+  // LSE it reads (its CUDA kernel reads it from several threads).
+  TensorView running_output = gathered_output.select(0, 0);
+  TensorView running_lse = gathered_lse.select(0, 0);
+  TensorView spare_lse = workspace.merged_lse;
+  for (int r = 1; r < size; ++r) {
+    const TensorView merged_lse = r == size - 1 && output_lse.defined() ? output_lse : spare_lse;
+    merge_attn_states(output, running_output, running_lse, gathered_output.select(0, r), gathered_lse.select(0, r),
+                      merged_lse);
+    running_output = output;
+    spare_lse = running_lse;
+    running_lse = merged_lse;
+  }
+}
+
+DcpWorkspace DcpWorkspace::allocate(const Attention& layer, int dcp_size, std::int64_t max_tokens, Device device) {
+  constexpr std::string_view where = "DcpWorkspace::allocate";
+  check_arg(dcp_size >= 1, where, "dcp_size", ">= 1", dcp_size);
+  check_arg(max_tokens >= 1, where, "max_tokens", ">= 1", max_tokens);
+  DcpWorkspace ws;
+  ws.dcp_size = dcp_size;
+  ws.max_tokens = max_tokens;
+  ws.num_heads = layer.num_heads();
+  ws.num_kv_heads = layer.num_kv_heads();
+  ws.head_size = layer.head_size();
+  ws.dtype = layer.dtype();
+  ws.device = device;
+  const std::int64_t q_rows = max_tokens * ws.num_heads * ws.head_size;
+  const std::int64_t kv_rows = max_tokens * ws.num_kv_heads * ws.head_size;
+  const std::int64_t lse = ws.num_heads * max_tokens;
+  ws.local_query = Tensor::empty({q_rows}, ws.dtype, device);
+  ws.local_key = Tensor::empty({kv_rows}, ws.dtype, device);
+  ws.local_value = Tensor::empty({kv_rows}, ws.dtype, device);
+  ws.local_output = Tensor::empty({q_rows}, ws.dtype, device);
+  ws.local_lse = Tensor::empty({lse}, DType::F32, device);
+  ws.partial_output = Tensor::empty({q_rows}, ws.dtype, device);
+  ws.partial_lse = Tensor::empty({lse}, DType::F32, device);
+  ws.gathered_output = Tensor::empty({dcp_size * q_rows}, ws.dtype, device);
+  ws.gathered_lse = Tensor::empty({dcp_size * lse}, DType::F32, device);
+  ws.merged_lse = Tensor::empty({lse}, DType::F32, device);
+  return ws;
+}
+
+DcpMergeWorkspace DcpWorkspace::merge_workspace(std::int64_t num_tokens) const {
+  check_arg(num_tokens <= max_tokens, "DcpWorkspace::merge_workspace", "num_tokens",
+            fmt::format("<= {} (max_tokens)", max_tokens), num_tokens);
+  DcpMergeWorkspace ws;
+  ws.gathered_output = carve(gathered_output, {dcp_size, num_tokens, num_heads, head_size});
+  ws.gathered_lse = carve(gathered_lse, {dcp_size, num_heads, num_tokens});
+  ws.merged_lse = carve(merged_lse, {num_heads, num_tokens});
+  return ws;
+}
+
+DcpPartial dcp_local_attention(Attention& layer, const DcpLocalBatch& batch, const DcpWorkspace& workspace,
+                               const TensorView& query, const TensorView& key, const TensorView& value) {
+  constexpr std::string_view where = "dcp_local_attention";
+  check_dcp_layer(layer, where);
+  const std::int64_t num_tokens = batch.num_tokens;
+  const std::int64_t num_heads = layer.num_heads();
+  const std::int64_t num_kv_heads = layer.num_kv_heads();
+  const std::int64_t head_size = layer.head_size();
+  const DcpWorkspace& ws = workspace;
+  check_arg(ws.num_heads == num_heads && ws.num_kv_heads == num_kv_heads && ws.head_size == head_size, where,
+            "workspace heads (H, Hkv, D)", fmt::format("({}, {}, {}) (the layer's)", num_heads, num_kv_heads, head_size),
+            fmt::format("({}, {}, {})", ws.num_heads, ws.num_kv_heads, ws.head_size));
+  check_arg(num_tokens <= ws.max_tokens, where, "batch.num_tokens",
+            fmt::format("<= {} (workspace.max_tokens)", ws.max_tokens), num_tokens);
+  const std::pair<const TensorView*, std::string_view> rows[] = {
+      {&query, "query"}, {&key, "key"}, {&value, "value"}};
+  for (const auto& [t, name] : rows) {
+    check_rank(*t, where, name, 3);
+    check_size(*t, 0, where, name, num_tokens);
+    check_size(*t, 1, where, name, t == &query ? num_heads : num_kv_heads);
+    check_size(*t, 2, where, name, head_size);
+    check_dtype(*t, where, name, ws.dtype);
+    check_device(*t, where, name, ws.device);
+  }
+  const auto num_local = static_cast<std::int64_t>(batch.token_rows.size());
+  check_rank(batch.token_rows_index, where, "batch.token_rows_index", 1);
+  check_size(batch.token_rows_index, 0, where, "batch.token_rows_index", num_local);
+  check_rank(batch.local_row_index, where, "batch.local_row_index", 1);
+  check_size(batch.local_row_index, 0, where, "batch.local_row_index", num_tokens);
+
+  const Tensor local_output = carve(ws.local_output, {num_local, num_heads, head_size});
+  const Tensor local_lse = carve(ws.local_lse, {num_heads, num_local});
+  if (num_local > 0) {
+    const Tensor local_query = carve(ws.local_query, {num_local, num_heads, head_size});
+    const Tensor local_key = carve(ws.local_key, {num_local, num_kv_heads, head_size});
+    const Tensor local_value = carve(ws.local_value, {num_local, num_kv_heads, head_size});
+    index_select(local_query, query, 0, batch.token_rows_index);
+    index_select(local_key, key, 0, batch.token_rows_index);
+    index_select(local_value, value, 0, batch.token_rows_index);
+    layer.forward(local_query, local_key, local_value, local_output, local_lse);
+  }
+  // Tokens without a local row get a zero output (never garbage: the merge
+  // weighs it by exp(-inf) = 0, and 0 * NaN would poison the sum) and -inf.
+  const DcpPartial partial{carve(ws.partial_output, {num_tokens, num_heads, head_size}),
+                           carve(ws.partial_lse, {num_heads, num_tokens})};
+  index_select(partial.output, local_output, 0, batch.local_row_index, 0.0f);
+  index_select(partial.lse, local_lse, 1, batch.local_row_index, kNoKeyLse);
+  return partial;
 }
 
 void dcp_attention_forward(Attention& layer, const DcpLocalBatch& batch, Communicator& comm,
-                           const TensorView& query, const TensorView& key, const TensorView& value,
-                           const TensorView& output, const TensorView& lse) {
+                           const DcpWorkspace& workspace, const TensorView& query, const TensorView& key,
+                           const TensorView& value, const TensorView& output, const TensorView& lse) {
   constexpr std::string_view where = "dcp_attention_forward";
   check_arg(comm.size() == batch.dcp.size, where, "comm.size()",
             fmt::format("{} (batch.dcp.size)", batch.dcp.size), comm.size());
   check_arg(comm.rank() == batch.dcp.rank, where, "comm.rank()",
             fmt::format("{} (batch.dcp.rank)", batch.dcp.rank), comm.rank());
-  if (layer.sliding_window()) throw_unsupported(where, "sliding windows with decode context parallelism");
-  if (!layer.impl().params().alibi_slopes.empty())
-    throw_unsupported(where, "ALiBi with decode context parallelism");
-  if (layer.has_sink()) throw_unsupported(where, "sinks with decode context parallelism");
-  const std::int64_t num_tokens = batch.num_tokens;
-  const std::int64_t num_heads = layer.num_heads();
-  const std::int64_t num_kv_heads = layer.num_kv_heads();
-  const std::int64_t head_size = layer.head_size();
-  const std::pair<const TensorView*, std::string_view> rows[] = {
-      {&query, "query"}, {&key, "key"}, {&value, "value"}, {&output, "output"}};
-  for (const auto& [t, name] : rows) {
-    check_rank(*t, where, name, 3);
-    check_size(*t, 0, where, name, num_tokens);
-    check_size(*t, 1, where, name, t == &key || t == &value ? num_kv_heads : num_heads);
-    check_size(*t, 2, where, name, head_size);
-  }
+  check_arg(workspace.dcp_size == comm.size(), where, "workspace.dcp_size",
+            fmt::format("{} (comm.size())", comm.size()), workspace.dcp_size);
+  check_dcp_layer(layer, where);
+  // The output is checked before the cache is written.
+  check_rank(output, where, "output", 3);
+  check_size(output, 0, where, "output", batch.num_tokens);
+  check_size(output, 1, where, "output", layer.num_heads());
+  check_size(output, 2, where, "output", layer.head_size());
+  const DcpPartial partial = dcp_local_attention(layer, batch, workspace, query, key, value);
+  dcp_merge(comm, partial.output, partial.lse, workspace.merge_workspace(batch.num_tokens), output, lse);
+}
 
-  const Device device = query.device();
-  const DType dtype = query.dtype();
-  const Tensor partial_output = Tensor::zeros({num_tokens, num_heads, head_size}, dtype, device);
-  const Tensor partial_lse = Tensor::empty({num_heads, num_tokens}, DType::F32, device);
-  fill_tensor(partial_lse, -std::numeric_limits<float>::infinity());
-
-  const auto num_local = static_cast<std::int64_t>(batch.token_rows.size());
-  if (num_local > 0) {
-    const Tensor local_query = Tensor::empty({num_local, num_heads, head_size}, dtype, device);
-    const Tensor local_key = Tensor::empty({num_local, num_kv_heads, head_size}, key.dtype(), device);
-    const Tensor local_value = Tensor::empty({num_local, num_kv_heads, head_size}, value.dtype(), device);
-    for (std::int64_t i = 0; i < num_local; ++i) {
-      const std::int64_t row = batch.token_rows[static_cast<std::size_t>(i)];
-      copy_tensor(local_query.select(0, i), query.select(0, row));
-      copy_tensor(local_key.select(0, i), key.select(0, row));
-      copy_tensor(local_value.select(0, i), value.select(0, row));
-    }
-    const Tensor local_output = Tensor::empty({num_local, num_heads, head_size}, dtype, device);
-    const Tensor local_lse = Tensor::empty({num_heads, num_local}, DType::F32, device);
-    layer.forward(local_query, local_key, local_value, local_output, local_lse);
-    for (std::int64_t i = 0; i < num_local; ++i) {
-      const std::int64_t row = batch.token_rows[static_cast<std::size_t>(i)];
-      copy_tensor(partial_output.select(0, row), local_output.select(0, i));
-      copy_tensor(partial_lse.select(1, row), local_lse.select(1, i));
-    }
-  }
-
-  const DcpMergeWorkspace workspace =
-      DcpMergeWorkspace::allocate(comm.size(), num_tokens, num_heads, head_size, dtype, device);
-  dcp_merge(comm, partial_output, partial_lse, workspace, output, lse);
+void dcp_attention_forward(Attention& layer, const DcpLocalBatch& batch, Communicator& comm,
+                           const TensorView& query, const TensorView& key, const TensorView& value,
+                           const TensorView& output, const TensorView& lse) {
+  const DcpWorkspace workspace =
+      DcpWorkspace::allocate(layer, comm.size(), std::max<std::int64_t>(batch.num_tokens, 1), query.device());
+  dcp_attention_forward(layer, batch, comm, workspace, query, key, value, output, lse);
 }
 
 }  // namespace pagedattn

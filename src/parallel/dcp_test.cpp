@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/dcp_test_step.h"
 #include "testing/expect_error.h"
 #include "testing/rank_threads.h"
 
@@ -29,8 +30,13 @@ namespace pagedattn {
 namespace {
 
 using test::expect_error;
-
+using test::make_step;
+using test::random_values;
+using test::Result;
+using test::run_rank;
 using test::run_ranks;
+using test::Step;
+
 
 // ------------------------------------------------------------ slot mapping
 
@@ -147,126 +153,7 @@ TEST(DcpSlotMapping, LocalBatchOfDecodeAndPrefill) {
 constexpr int kHeads = 4;
 constexpr int kKVHeads = 2;
 constexpr int kHeadSize = 64;
-constexpr int kBlockSize = 16;
-constexpr int kNumBlocks = 48;
-
-std::vector<float> random_values(std::size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-// A step's requests and every value attention reads: the context keys already
-// in the cache and the step's query/key/value rows.
-struct Step {
-  std::vector<std::pair<int, int>> shape;         // (query_len, seq_len) per request
-  std::vector<std::vector<float>> context_key;    // per request [context, Hkv, D]
-  std::vector<std::vector<float>> context_value;  // per request [context, Hkv, D]
-  Tensor query;                                   // [T, H, D] bf16
-  Tensor key;                                     // [T, Hkv, D] bf16
-  Tensor value;                                   // [T, Hkv, D] bf16
-  std::vector<std::int32_t> block_ids;            // a random permutation; requests take them in order
-};
-
-Step make_step(std::vector<std::pair<int, int>> shape, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  Step s;
-  s.shape = std::move(shape);
-  int num_tokens = 0;
-  const std::size_t row = static_cast<std::size_t>(kKVHeads) * kHeadSize;
-  for (const auto& [q_len, seq_len] : s.shape) {
-    num_tokens += q_len;
-    s.context_key.push_back(random_values(static_cast<std::size_t>(seq_len - q_len) * row, rng));
-    s.context_value.push_back(random_values(static_cast<std::size_t>(seq_len - q_len) * row, rng));
-  }
-  const std::size_t t = static_cast<std::size_t>(num_tokens);
-  s.query = Tensor::from_floats(random_values(t * kHeads * kHeadSize, rng), {num_tokens, kHeads, kHeadSize},
-                                DType::BF16);
-  s.key = Tensor::from_floats(random_values(t * row, rng), {num_tokens, kKVHeads, kHeadSize}, DType::BF16);
-  s.value = Tensor::from_floats(random_values(t * row, rng), {num_tokens, kKVHeads, kHeadSize}, DType::BF16);
-  s.block_ids.resize(kNumBlocks - 1);
-  std::iota(s.block_ids.begin(), s.block_ids.end(), 1);  // block 0 stays the null block
-  std::shuffle(s.block_ids.begin(), s.block_ids.end(), rng);
-  return s;
-}
-
-// Requests whose block-table entries each cover `positions_per_block` tokens.
-std::vector<RequestSpec> requests_of(const Step& s, int positions_per_block) {
-  std::vector<RequestSpec> requests;
-  std::size_t next = 0;
-  for (const auto& [q_len, seq_len] : s.shape) {
-    RequestSpec r{.query_len = q_len, .seq_len = seq_len, .blocks = {}};
-    for (int b = 0; b < (seq_len + positions_per_block - 1) / positions_per_block; ++b) {
-      r.blocks.push_back(s.block_ids.at(next++));
-    }
-    requests.push_back(std::move(r));
-  }
-  return requests;
-}
-
-struct Result {
-  std::vector<float> output;  // [T, H, D]
-  std::vector<float> lse;     // [H, T]
-};
-
-// One rank: its own model, layer and cache, holding only its share of the
-// context (every position when dcp.size == 1), then the step.
-Result run_rank(const Step& s, const DcpConfig& dcp, Communicator* comm, const AttentionBackend& backend) {
-  ModelContext model({.dtype = DType::BF16});
-  AttentionOptions opts;
-  opts.num_kv_heads = kKVHeads;
-  opts.cache_config = CacheConfig{.block_size = kBlockSize};
-  opts.prefix = "model.layers.0.self_attn.attn";
-  opts.attn_backend = &backend;
-  Attention layer(model, kHeads, kHeadSize, 1.0f / std::sqrt(float(kHeadSize)), opts);
-  allocate_kv_caches(model, {.num_blocks = kNumBlocks, .reserve_null_block = true});
-
-  const std::vector<RequestSpec> requests = requests_of(s, kBlockSize * dcp.size);
-  for (std::size_t r = 0; r < requests.size(); ++r) {
-    const int context = requests[r].seq_len - requests[r].query_len;
-    if (context == 0) continue;
-    const std::vector<std::int64_t> slots =
-        dcp_slots_for_positions(requests[r].blocks, kBlockSize, 0, context, dcp);
-    reshape_and_cache(Tensor::from_floats(s.context_key[r], {context, kKVHeads, kHeadSize}, DType::BF16),
-                      Tensor::from_floats(s.context_value[r], {context, kKVHeads, kHeadSize}, DType::BF16),
-                      layer.kv_cache_view(0).key, layer.kv_cache_view(0).value,
-                      Tensor::from_i64(slots, {context}), CacheDType::Auto, layer.quant_state().k_scale,
-                      layer.quant_state().v_scale);
-  }
-
-  const std::int64_t num_tokens = s.query.size(0);
-  const Tensor output = Tensor::empty({num_tokens, kHeads, kHeadSize}, DType::BF16);
-  const Tensor lse = Tensor::empty({kHeads, num_tokens}, DType::F32);
-  ModelMetadataBuilder builder(model);
-  if (comm == nullptr) {
-    ForwardContext ctx;
-    ctx.layer_metadata = builder.build(make_common_metadata(requests, {.block_size = kBlockSize}));
-    ForwardContextScope scope(std::move(ctx));
-    layer.forward(s.query, s.key, s.value, output, lse);
-  } else {
-    const DcpLocalBatch batch = make_dcp_local_batch(requests, {.block_size = kBlockSize}, dcp);
-    ForwardContext ctx;
-    if (!batch.empty()) ctx.layer_metadata = builder.build(batch.metadata);
-    ForwardContextScope scope(std::move(ctx));
-    dcp_attention_forward(layer, batch, *comm, s.query, s.key, s.value, output, lse);
-  }
-  return {to_float_vector(output), to_float_vector(lse)};
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, Tolerance tol,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int bad = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const bool both_neg_inf = std::isinf(want[i]) && want[i] < 0 && got[i] == want[i];
-    if (both_neg_inf) continue;
-    if (!(std::abs(got[i] - want[i]) <= tol.atol + tol.rtol * std::abs(want[i]))) {
-      if (++bad <= 3) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-    }
-  }
-  EXPECT_EQ(bad, 0) << what;
-}
+constexpr int kBlockSize = test::kDcpBlockSize;
 
 // ------------------------------------------------------------------ merge
 
@@ -334,15 +221,7 @@ TEST(DcpMerge, MatchesTheWeightedSum) {
       dcp_merge(group.communicator(rank), local_output, local_lse, ws, local_output, lse);
       results[r] = {to_float_vector(local_output), to_float_vector(lse)};
     });
-    const std::string what = device.is_cuda() ? "cuda" : "cpu";
-    expect_close(results[0].output, want_output, tolerance(CheckedQuantity::Output, DType::BF16),
-                 what + " output");
-    expect_close(results[0].lse, want_lse, tolerance(CheckedQuantity::Lse, DType::BF16), what + " lse");
-    for (int rank = 1; rank < kRanks; ++rank) {
-      EXPECT_EQ(results[static_cast<std::size_t>(rank)].output, results[0].output)
-          << what << " rank " << rank;
-      EXPECT_EQ(results[static_cast<std::size_t>(rank)].lse, results[0].lse) << what << " rank " << rank;
-    }
+    test::expect_ranks_match(results, {want_output, want_lse}, device.is_cuda() ? "cuda" : "cpu");
   }
 }
 
@@ -360,22 +239,18 @@ TEST(DcpAttention, MatchesOneRank) {
     for (const int size : {2, 4}) {
       for (const int interleave : {1, 4, 16}) {
         LoopbackGroup group(size);
+        // Interleave 4 runs on a workspace larger than the step (the step
+        // uses its leading part); the others allocate theirs per call.
+        const test::DcpRunOptions run{.workspace_tokens = interleave == 4 ? step->query.size(0) + 5 : 0};
         std::vector<Result> results(static_cast<std::size_t>(size));
         run_ranks(size, [&](int rank) {
           const DcpConfig dcp{.size = size, .rank = rank, .interleave = interleave};
           results[static_cast<std::size_t>(rank)] =
-              run_rank(*step, dcp, &group.communicator(rank), *reference);
+              run_rank(*step, dcp, &group.communicator(rank), *reference, Device::cpu(), run);
         });
         const std::string what =
             fmt::format("{} requests, dcp {}, interleave {}", step->shape.size(), size, interleave);
-        expect_close(results[0].output, one.output, tolerance(CheckedQuantity::Output, DType::BF16),
-                     what + " output");
-        expect_close(results[0].lse, one.lse, tolerance(CheckedQuantity::Lse, DType::BF16), what + " lse");
-        for (int rank = 1; rank < size; ++rank) {
-          EXPECT_EQ(results[static_cast<std::size_t>(rank)].output, results[0].output)
-              << what << " rank " << rank;
-          EXPECT_EQ(results[static_cast<std::size_t>(rank)].lse, results[0].lse) << what << " rank " << rank;
-        }
+        test::expect_ranks_match(results, one, what);
       }
     }
   }
