@@ -70,7 +70,7 @@ Scratch::Scratch(void* base, int head_size, int num_rows) {
   };
   q = reinterpret_cast<float*>(take(rows_count * d * sizeof(float)));
   acc = reinterpret_cast<float*>(take(rows_count * d * sizeof(float)));
-  s = reinterpret_cast<float*>(take(rows_count * kTileKeys * sizeof(float)));
+  s = reinterpret_cast<float*>(take((rows_count * kTileKeys + kScorePadFloats) * sizeof(float)));
   m = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
   l = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
   alpha = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
@@ -83,7 +83,7 @@ Scratch::Scratch(void* base, int head_size, int num_rows) {
 std::size_t Scratch::bytes(int head_size, int num_rows) {
   const auto rows_count = static_cast<std::size_t>(num_rows);
   const auto d = static_cast<std::size_t>(head_size);
-  return 2 * align_up(rows_count * d * sizeof(float)) + align_up(rows_count * kTileKeys * sizeof(float)) +
+  return 2 * align_up(rows_count * d * sizeof(float)) + align_up((rows_count * kTileKeys + kScorePadFloats) * sizeof(float)) +
          3 * align_up(rows_count * sizeof(float)) + align_up(rows_count * sizeof(RowInfo)) +
          2 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
 }

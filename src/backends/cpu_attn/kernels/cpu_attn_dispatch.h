@@ -14,6 +14,9 @@ namespace pagedattn::cpu_attn {
 // Keys per tile: two AVX-512 float vectors, so a score row of a tile fills
 // whole vectors on every target (scalar 1 lane, AVX2 8, AVX-512 16).
 inline constexpr int kTileKeys = 32;
+// Floats after the score tile: the AVX2 four-row score pass writes four rows
+// of one key past the tile's last column.
+inline constexpr int kScorePadFloats = 4;
 // Head sizes are multiples of this (the backend's head_size_rule).
 inline constexpr int kMinHeadSizeMultiple = 8;
 
@@ -28,7 +31,7 @@ struct RowInfo {
 struct Scratch {
   float* q = nullptr;       // [rows, D] query, times scale (and the K dequant scale)
   float* acc = nullptr;     // [rows, D] unnormalized output
-  float* s = nullptr;       // [rows, kTileKeys] scores, then probabilities
+  float* s = nullptr;       // [rows, kTileKeys] + kScorePadFloats: scores, then probabilities
   float* m = nullptr;       // [rows] running max
   float* l = nullptr;       // [rows] running sum
   float* alpha = nullptr;   // [rows] rescale of the accumulator for the current tile

@@ -1004,16 +1004,26 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
   }
 }
 
+// Where P V finds a block's probabilities: row r, key i at
+// first[r * row_step + i * key_step] (row-major sc.s, or the key-major tile of
+// the AVX2 four-row path).
+struct ProbLayout {
+  const float* first = nullptr;
+  int row_step = kTileKeys;
+  int key_step = 1;
+};
+
 // acc[r0 .. r0 + kR] = alpha * acc + P V, kChunks chunks per pass.
 template <DType KV, bool kNanFree, int kR, int kChunks, class D>
-void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows) {
+void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
+               const ProbLayout& probs) {
   const int lanes = static_cast<int>(hn::Lanes(d));
   const std::size_t esize = dtype_size(KV);
   float* a[kR];
   const float* prob[kR];
   for (int r = 0; r < kR; ++r) {
     a[r] = sc.acc + (r0 + r) * d_size;
-    prob[r] = sc.s + (r0 + r) * kTileKeys;
+    prob[r] = probs.first + r * probs.row_step;
   }
   constexpr int kVectors = 2 * kChunks;
   for (int c0 = 0; c0 < d_size; c0 += kVectors * lanes) {
@@ -1024,7 +1034,7 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
     }
     for (int i = 0; i < n; ++i) {
       hn::Vec<D> pr[kR];
-      for (int r = 0; r < kR; ++r) pr[r] = hn::Set(d, prob[r][i]);
+      for (int r = 0; r < kR; ++r) pr[r] = hn::Set(d, prob[r][i * probs.key_step]);
       for (int ch = 0; ch < kChunks; ++ch) {
         hn::Vec<D> va;
         hn::Vec<D> vb;
@@ -1044,17 +1054,194 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
 // P V for a block of kR rows with as many chunks per pass as fit the
 // accumulators and divide the head size.
 template <DType KV, bool kNanFree, int kR, class D>
-void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows) {
+void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
+                     const ProbLayout& probs) {
   constexpr int kMostChunks = kDecodeAccumulators / (2 * kR);
   const int chunk = 2 * static_cast<int>(hn::Lanes(d));
   if constexpr (kMostChunks >= 4) {
-    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows);
+    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows, probs);
   }
   if constexpr (kMostChunks >= 2) {
-    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows);
+    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows, probs);
   }
-  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows);
+  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows, probs);
 }
+
+#if HWY_TARGET == HWY_AVX2
+// ---- AVX2: four rows of a decode tile at once ------------------------------------
+// For items whose rows come in blocks of four (GQA groups of 4, 8, ...): the
+// scores of a pass (four rows x three keys) are reduced by transposing adds
+// and stored key-major, st[key][row], so the online softmax of the four rows
+// runs on full vectors (two keys of all four rows each) with no per-row
+// horizontal work, and P V broadcasts from the same tile (docs/perf.md,
+// attempt 24).
+
+// Lane k of the result is the sum of a[k]'s lanes.
+HWY_INLINE __m256 SumLanes8(const __m256 (&a)[8]) {
+  // Per 128-bit half, hadd(hadd(a0, a1), hadd(a2, a3)) holds the partial sums
+  // of a0..a3 over that half's lanes.
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  constexpr int kLowHalves = 0x20;
+  constexpr int kHighHalves = 0x31;
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, kLowHalves),
+                       _mm256_permute2f128_ps(s0123, s4567, kHighHalves));
+}
+
+// Lane k of the result is the sum of a_k's lanes.
+HWY_INLINE __m128 SumLanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// Both 128-bit halves of the result hold max (or sum) of v's two halves.
+HWY_INLINE __m256 FoldHalves(__m256 v, bool max) {
+  const __m256 swapped = _mm256_permute2f128_ps(v, v, 1);
+  return max ? _mm256_max_ps(v, swapped) : _mm256_add_ps(v, swapped);
+}
+
+// The two float vectors of a chunk, one at a time (for the register budget of
+// scores_quad): half 0 = the first (even-order) vector, half 1 the second.
+template <DType KV, bool kNanFree, int kHalf, class D>
+HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* p) {
+  if constexpr (kEvenOddChunks<KV>) {
+    // bf16 pairs as 32-bit lanes: the even value's float bits are the low half
+    // shifted up, the odd value's the high half with the low one cleared (two
+    // shifts: no mask register).
+    const hn::RebindToUnsigned<D> du;
+    const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
+    return hn::BitCast(d, kHalf == 0 ? hn::ShiftLeft<16>(u) : hn::ShiftLeft<16>(hn::ShiftRight<16>(u)));
+  } else if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
+    return LoadE4M3NanFree(d, p + kHalf * hn::Lanes(d));
+  } else {
+    return LoadKV<KV>(d, p + kHalf * hn::Lanes(d) * dtype_size(KV));
+  }
+}
+
+// st[i][r] = q_{r0 + r} . k_i for i < n, three keys x four rows per pass (12
+// accumulators, one query vector and three key vectors live: AVX2's 16
+// registers, each query load feeding three FMAs). The last pass repeats key
+// n - 1 in up to two columns from n on (the next block's scores, or
+// kScorePadFloats, take the one past the tile), which the softmax masks.
+template <DType KV, bool kNanFree, class D>
+void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows, float* st) {
+  constexpr int kKeys = 3;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const std::size_t esize = dtype_size(KV);
+  const float* q[kRowBlock];
+  for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + r) * d_size;
+  for (int i0 = 0; i0 < n; i0 += kKeys) {
+    const unsigned char* k[kKeys];
+    for (int j = 0; j < kKeys; ++j) k[j] = k_rows[std::min(i0 + j, n - 1)];
+    hn::Vec<D> acc[kKeys][kRowBlock];
+    for (auto& key : acc) {
+      for (auto& a : key) a = hn::Zero(d);
+    }
+    for (int c = 0; c < d_size; c += 2 * lanes) {
+      hn::Vec<D> kv[kKeys];
+      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 0>(d, k[j] + c * esize);
+      for (int r = 0; r < kRowBlock; ++r) {
+        const auto qa = hn::LoadU(d, q[r] + c);
+        for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qa, kv[j], acc[j][r]);
+      }
+      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 1>(d, k[j] + c * esize);
+      for (int r = 0; r < kRowBlock; ++r) {
+        const auto qb = hn::LoadU(d, q[r] + c + lanes);
+        for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qb, kv[j], acc[j][r]);
+      }
+    }
+    const __m256 first_two[2 * kRowBlock] = {acc[0][0].raw, acc[0][1].raw, acc[0][2].raw, acc[0][3].raw,
+                                              acc[1][0].raw, acc[1][1].raw, acc[1][2].raw, acc[1][3].raw};
+    _mm256_storeu_ps(st + i0 * kRowBlock, SumLanes8(first_two));
+    _mm_storeu_ps(st + (i0 + 2) * kRowBlock, SumLanes4(acc[2][0].raw, acc[2][1].raw, acc[2][2].raw, acc[2][3].raw));
+  }
+}
+
+// softmax_tile for four rows whose scores are key-major in st: lane l of a
+// vector is row r0 + l % 4 at key 2 v + l / 4. Rows with no visible key in
+// the tile keep m and l (alpha 1) and get P = 0.
+template <class D>
+void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int t0, int n, float* st) {
+  const hn::RebindToSigned<D> di;
+  constexpr int kLanes = 2 * kRowBlock;
+  alignas(32) std::int32_t lo_minus_one[kLanes];
+  alignas(32) std::int32_t hi[kLanes];
+  alignas(32) float slope[kLanes];
+  alignas(32) float pos[kLanes];
+  alignas(32) float m_old[kLanes];
+  alignas(32) float l_old[kLanes];
+  alignas(32) std::int32_t key_of_lane[kLanes];
+  bool whole = true;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int r = r0 + lane % kRowBlock;
+    const RowInfo& info = sc.rows[r];
+    lo_minus_one[lane] = info.lo - 1;
+    hi[lane] = std::min(info.hi, t0 + n);
+    slope[lane] = info.slope;
+    pos[lane] = info.position;
+    m_old[lane] = sc.m[r];
+    l_old[lane] = sc.l[r];
+    key_of_lane[lane] = t0 + lane / kRowBlock;
+    whole = whole && info.lo <= t0 && hi[lane] >= t0 + kTileKeys;
+  }
+  const bool soft_cap = p.soft_cap > 0.0f;
+  const bool modified = soft_cap || p.alibi_slopes != nullptr;
+  const auto cap = hn::Set(d, p.soft_cap);
+  const auto inv_cap = hn::Set(d, soft_cap ? 1.0f / p.soft_cap : 0.0f);
+  const auto minus_inf = hn::Set(d, neg_inf());
+  const auto vlo_minus_one = hn::Load(di, lo_minus_one);
+  const auto vhi = hn::Load(di, hi);
+  const auto vslope = hn::Load(d, slope);
+  const auto vpos = hn::Load(d, pos);
+  const auto key_step = hn::Set(di, 2);
+  auto j = hn::Load(di, key_of_lane);
+  const int vectors = (n + 1) / 2;
+  auto vmax = minus_inf;
+  for (int v = 0; v < vectors; ++v, j = hn::Add(j, key_step)) {
+    auto sv = hn::LoadU(d, st + v * kLanes);
+    if (!whole || modified) {
+      if (soft_cap) sv = hn::Mul(cap, hn::Tanh(d, hn::Mul(sv, inv_cap)));
+      if (p.alibi_slopes != nullptr) sv = hn::MulAdd(vslope, hn::Sub(hn::ConvertTo(d, j), vpos), sv);
+      const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, vlo_minus_one), hn::Lt(j, vhi)));
+      sv = hn::IfThenElse(visible, sv, minus_inf);
+      hn::StoreU(sv, d, st + v * kLanes);
+    }
+    vmax = hn::Max(vmax, sv);
+  }
+  const auto vm_old = hn::Load(d, m_old);
+  const auto vm_new = hn::Max(vm_old, hn::Vec<D>{FoldHalves(vmax.raw, true)});
+  // A row that has seen no key yet keeps m = -inf: subtract 0 so exp(-inf) = 0.
+  const auto no_max = hn::Eq(vm_new, minus_inf);
+  const auto vm_sub = hn::IfThenZeroElse(no_max, vm_new);
+  auto vsum = hn::Zero(d);
+  for (int v = 0; v < vectors; ++v) {
+    const auto pv = hn::Exp(d, hn::Sub(hn::LoadU(d, st + v * kLanes), vm_sub));
+    hn::StoreU(pv, d, st + v * kLanes);
+    vsum = hn::Add(vsum, pv);
+  }
+  const auto alpha = hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub)));
+  const auto l_new = hn::MulAdd(hn::Load(d, l_old), alpha, hn::Vec<D>{FoldHalves(vsum.raw, false)});
+  const hn::CappedTag<float, kRowBlock> d4;
+  hn::StoreU(hn::LowerHalf(d4, alpha), d4, sc.alpha + r0);
+  hn::StoreU(hn::LowerHalf(d4, vm_new), d4, sc.m + r0);
+  hn::StoreU(hn::LowerHalf(d4, l_new), d4, sc.l + r0);
+}
+
+// One tile of the chunked decode path for rows % 4 == 0: scores, softmax and
+// P V per block of four rows, with probabilities key-major in the block's
+// part of sc.s.
+template <DType KV, bool kNanFree, class D>
+void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
+                       const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    float* st = sc.s + r0 * kTileKeys;  // [kTileKeys, 4]: the block's kTileKeys x 4 floats
+    scores_quad<KV, kNanFree>(d, sc, r0, p.head_size, n, k_rows, st);
+    softmax_quad(d, p, sc, r0, t0, n, st);
+    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, p.head_size, n, v_rows,
+                                             ProbLayout{st, 1, kRowBlock});
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX2
 
 // Whether any of the n rows holds the e4m3 NaN code (S.1111.111): one
 // compare per vector of bytes, a fraction of what the NaN-exact conversion
@@ -1078,6 +1265,9 @@ bool has_e4m3_nan(D d, const unsigned char* const* rows, int n, int d_size) {
 template <DType KV, bool kNanFree, class D>
 void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                       const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
+#if HWY_TARGET == HWY_AVX2
+  if (rows % kRowBlock == 0) return tile_decode_quads<KV, kNanFree>(d, p, sc, rows, t0, n, k_rows, v_rows);
+#endif
   const int d_size = p.head_size;
   int r0 = 0;
   for (; r0 + kRowBlock <= rows; r0 += kRowBlock) {
@@ -1086,11 +1276,12 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
   if (rows - r0 >= 2) scores_decode<KV, kNanFree, 2>(d, sc, r0, d_size, n, k_rows);
   if ((rows - r0) % 2 == 1) scores_decode<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, k_rows);
   softmax_tile(d, p, sc, rows, t0, n);
+  const auto row_major = [&](int first) { return ProbLayout{sc.s + first * kTileKeys}; };
   for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) {
-    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows);
+    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0));
   }
-  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows);
-  if ((rows - r0) % 2 == 1) pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows);
+  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows, row_major(r0));
+  if ((rows - r0) % 2 == 1) pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows, row_major(rows - 1));
 }
 
 // One tile of the chunked decode path: rows in blocks of four, then two, then

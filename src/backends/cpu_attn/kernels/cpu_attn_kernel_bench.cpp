@@ -113,6 +113,9 @@ void Args(benchmark::internal::Benchmark* b) {
     const auto i = static_cast<std::int64_t>(isa);
     b->Args({i, 1, 8192, static_cast<std::int64_t>(DType::BF16)});      // decode, one KV head
     b->Args({i, 1, 8192, static_cast<std::int64_t>(DType::FP8_E4M3)});  // fp8 decode
+    // The item's K/V (128 KiB of 256 keys) stays in L2: the compute alone.
+    b->Args({i, 1, 256, static_cast<std::int64_t>(DType::BF16)});
+    b->Args({i, 1, 256, static_cast<std::int64_t>(DType::FP8_E4M3)});
     b->Args({i, 16, 2048, static_cast<std::int64_t>(DType::BF16)});     // prefill tile
   }
 }
