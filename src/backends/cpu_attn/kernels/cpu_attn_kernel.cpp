@@ -1094,11 +1094,9 @@ HWY_INLINE __m128 SumLanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// Both 128-bit halves of the result hold max (or sum) of v's two halves.
-HWY_INLINE __m256 FoldHalves(__m256 v, bool max) {
-  const __m256 swapped = _mm256_permute2f128_ps(v, v, 1);
-  return max ? _mm256_max_ps(v, swapped) : _mm256_add_ps(v, swapped);
-}
+// v with its two 128-bit halves swapped: lane l of a key-major score vector
+// meets the same row's other key.
+HWY_INLINE __m256 SwapHalves(__m256 v) { return _mm256_permute2f128_ps(v, v, 1); }
 
 // The two float vectors of a chunk, one at a time (for the register budget of
 // scores_quad): half 0 = the first (even-order) vector, half 1 the second.
@@ -1209,7 +1207,7 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
     vmax = hn::Max(vmax, sv);
   }
   const auto vm_old = hn::Load(d, m_old);
-  const auto vm_new = hn::Max(vm_old, hn::Vec<D>{FoldHalves(vmax.raw, true)});
+  const auto vm_new = hn::Max(vm_old, hn::Max(vmax, hn::Vec<D>{SwapHalves(vmax.raw)}));
   // A row that has seen no key yet keeps m = -inf: subtract 0 so exp(-inf) = 0.
   const auto no_max = hn::Eq(vm_new, minus_inf);
   const auto vm_sub = hn::IfThenZeroElse(no_max, vm_new);
@@ -1220,7 +1218,7 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
     vsum = hn::Add(vsum, pv);
   }
   const auto alpha = hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub)));
-  const auto l_new = hn::MulAdd(hn::Load(d, l_old), alpha, hn::Vec<D>{FoldHalves(vsum.raw, false)});
+  const auto l_new = hn::MulAdd(hn::Load(d, l_old), alpha, hn::Add(vsum, hn::Vec<D>{SwapHalves(vsum.raw)}));
   const hn::CappedTag<float, kRowBlock> d4;
   hn::StoreU(hn::LowerHalf(d4, alpha), d4, sc.alpha + r0);
   hn::StoreU(hn::LowerHalf(d4, vm_new), d4, sc.m + r0);
