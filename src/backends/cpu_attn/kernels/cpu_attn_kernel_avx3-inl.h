@@ -1,0 +1,403 @@
+// AVX-512 specializations of the CPU_ATTN kernel: the fp32 rowwise decode
+// scores with one joint reduction per four rows, and the AVX512-BF16 prefill
+// and decode paths (vdpbf16ps). Part of cpu_attn_kernel.cpp's per-target body:
+// that file includes this one inside its Highway target namespace once per
+// compiled target (no include guard on purpose) after the element access and
+// tile helpers it uses; only the AVX3 pass compiles anything.
+
+#if HWY_TARGET == HWY_AVX3
+// ---- AVX-512 specializations ---------------------------------------------------
+// The AVX512-BF16 path (Isa::Avx512Bf16, prefill tiles with bf16 queries and
+// keys): scores with vdpbf16ps, which multiplies bf16 pairs exactly and
+// accumulates in fp32 (equal to the fp32 path up to summation order), and P V
+// with probabilities rounded to bf16. Compiled with the extra target flag and
+// only called when the CPU has it (cpu_attn_dispatch.cpp).
+#define PAGEDATTN_BF16_TARGET __attribute__((target("avx512bf16")))
+
+// Bf16 elements per 512-bit vector.
+constexpr int kBf16PerVector = 32;
+
+// Sums of four vectors: lane r of the result is the sum of a[r].
+HWY_INLINE __m128 Reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// Stores the four row sums into column i of the score tile (rows r0..r0+rb).
+HWY_INLINE void StoreRowScores(const Scratch& sc, int r0, int rb, int i, __m128 sums) {
+  alignas(16) float v[kRowBlock];
+  _mm_store_ps(v, sums);
+  for (int r = 0; r < rb; ++r) sc.s[(r0 + r) * kTileKeys + i] = v[r];
+}
+
+// Rowwise scores with one joint reduction per four rows (fp32 FMA, any KV type;
+// head size a multiple of 16).
+template <DType KV>
+void ScoresRowwiseAvx3(const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* k_rows) {
+  const hn::ScalableTag<float> d;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const auto esize = static_cast<int>(dtype_size(KV));
+  for (int i = 0; i < n; ++i) {
+    for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+      const int rb = std::min(kRowBlock, rows - r0);
+      // Missing rows of a partial block reuse row r0 and are not stored.
+      const float* q[kRowBlock];
+      for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + (r < rb ? r : 0)) * d_size;
+      hn::Vec<decltype(d)> a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+      for (int c = 0; c < d_size; c += lanes) {
+        const auto k = LoadKV<KV>(d, k_rows[i] + c * esize);
+        a0 = hn::MulAdd(hn::Load(d, q[0] + c), k, a0);
+        a1 = hn::MulAdd(hn::Load(d, q[1] + c), k, a1);
+        a2 = hn::MulAdd(hn::Load(d, q[2] + c), k, a2);
+        a3 = hn::MulAdd(hn::Load(d, q[3] + c), k, a3);
+      }
+      StoreRowScores(sc, r0, rb, i, Reduce4(a0.raw, a1.raw, a2.raw, a3.raw));
+    }
+  }
+}
+
+// Copies the bf16 query rows (unscaled) into the scratch as raw bits.
+void LoadQueriesBf16(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, std::uint16_t* q) {
+  const int d_size = p.head_size;
+  for (int r = 0; r < shape.rows; ++r) {
+    const int token = shape.first_token + item.q_begin + r / shape.group;
+    const int head = item.kv_head * shape.group + r % shape.group;
+    const unsigned char* src =
+        element(p.query.data, token * p.query.row_stride + head * p.query.head_stride, DType::BF16);
+    std::memcpy(q + static_cast<std::size_t>(r) * d_size, src, static_cast<std::size_t>(d_size) * sizeof(std::uint16_t));
+  }
+}
+
+// Transposed bf16 dot-product scores (prefills): the K tile is packed as bf16
+// pairs [D / 2, kTileKeys] so one broadcast query pair meets 16 keys.
+constexpr int kDotRowBlock = 8;  // 8 rows x 2 key vectors = 16 accumulators
+PAGEDATTN_BF16_TARGET void ScoresTransposedBf16(const Scratch& sc, int rows, int d_size, int n,
+                                                const unsigned char* const* k_rows, float scale) {
+  const int pairs = d_size / 2;
+  auto* kt = reinterpret_cast<std::uint32_t*>(sc.kt);
+  for (int i = 0; i < kTileKeys; ++i) {
+    if (i < n) {
+      const auto* row = reinterpret_cast<const std::uint32_t*>(k_rows[i]);
+      for (int e = 0; e < pairs; ++e) kt[e * kTileKeys + i] = row[e];
+    } else {
+      for (int e = 0; e < pairs; ++e) kt[e * kTileKeys + i] = 0;
+    }
+  }
+  const auto* q32 = reinterpret_cast<const std::uint32_t*>(sc.q);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r0 = 0; r0 < rows; r0 += kDotRowBlock) {
+    const int rb = std::min(kDotRowBlock, rows - r0);
+    const std::uint32_t* q[kDotRowBlock];
+    for (int r = 0; r < kDotRowBlock; ++r) q[r] = q32 + (r0 + (r < rb ? r : 0)) * pairs;
+    __m512 acc[kDotRowBlock][2];
+    for (int r = 0; r < kDotRowBlock; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int e = 0; e < pairs; ++e) {
+      const __m512bh k0 = (__m512bh)_mm512_load_si512(kt + e * kTileKeys);
+      const __m512bh k1 = (__m512bh)_mm512_load_si512(kt + e * kTileKeys + kTileKeys / 2);
+      for (int r = 0; r < kDotRowBlock; ++r) {
+        const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][e]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qv, k0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qv, k1);
+      }
+    }
+    for (int r = 0; r < rb; ++r) {
+      float* out = sc.s + (r0 + r) * kTileKeys;
+      _mm512_store_ps(out, _mm512_mul_ps(acc[r][0], vscale));
+      _mm512_store_ps(out + kTileKeys / 2, _mm512_mul_ps(acc[r][1], vscale));
+    }
+  }
+}
+
+// P V with vdpbf16ps for a bf16 V tile (prefills): V is packed as bf16 pairs
+// of consecutive keys [kTileKeys / 2, D] and each row's probabilities are
+// rounded to bf16 pairs, as FlashAttention does; half the instructions of the
+// fp32 loop. Rows in pairs x kPvVectors vectors (16 accumulators); d_size a
+// multiple of kPvVectors * 16.
+constexpr int kPvVectors = 8;
+constexpr int kFloatsPerVector = 16;
+PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_size, int n,
+                                            const unsigned char* const* v_rows) {
+  // Pack: pair j holds keys 2j and 2j + 1 (a missing key reads as zero).
+  auto* vp = reinterpret_cast<std::uint16_t*>(sc.vf);  // [kTileKeys / 2, D, 2]
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
+  const int pairs = (n + 1) / 2;
+  for (int j = 0; j < pairs; ++j) {
+    const unsigned char* a = v_rows[2 * j];
+    const bool has_b = 2 * j + 1 < n;
+    for (int c = 0; c < d_size; c += kBf16PerVector) {
+      const __m512i va = _mm512_loadu_si512(a + c * sizeof(std::uint16_t));
+      const __m512i vb = has_b ? _mm512_loadu_si512(v_rows[2 * j + 1] + c * sizeof(std::uint16_t)) : _mm512_setzero_si512();
+      std::uint16_t* dst = vp + (static_cast<std::size_t>(j) * d_size + c) * 2;
+      _mm512_store_si512(dst, _mm512_permutex2var_epi16(va, lo_idx, vb));
+      _mm512_store_si512(dst + kBf16PerVector, _mm512_permutex2var_epi16(va, hi_idx, vb));
+    }
+  }
+  // Probabilities as bf16 pairs, one row of kTileKeys / 2 pairs per row, in sc.kt.
+  auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
+  for (int r = 0; r < rows; ++r) {
+    const float* prob = sc.s + r * kTileKeys;
+    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + kFloatsPerVector), _mm512_load_ps(prob));
+    _mm512_store_si512(pb + r * (kTileKeys / 2), (__m512i)packed);
+  }
+  for (int r0 = 0; r0 < rows; r0 += 2) {
+    const int r1 = std::min(r0 + 1, rows - 1);  // an odd last row is computed twice, stored once
+    float* a0 = sc.acc + r0 * d_size;
+    float* a1 = sc.acc + r1 * d_size;
+    const std::uint32_t* p0 = pb + r0 * (kTileKeys / 2);
+    const std::uint32_t* p1 = pb + r1 * (kTileKeys / 2);
+    const __m512 alpha0 = _mm512_set1_ps(sc.alpha[r0]);
+    const __m512 alpha1 = _mm512_set1_ps(sc.alpha[r1]);
+    for (int c0 = 0; c0 < d_size; c0 += kPvVectors * kFloatsPerVector) {
+      __m512 acc0[kPvVectors];
+      __m512 acc1[kPvVectors];
+      for (int v = 0; v < kPvVectors; ++v) {
+        acc0[v] = _mm512_mul_ps(_mm512_load_ps(a0 + c0 + v * kFloatsPerVector), alpha0);
+        acc1[v] = _mm512_mul_ps(_mm512_load_ps(a1 + c0 + v * kFloatsPerVector), alpha1);
+      }
+      for (int j = 0; j < pairs; ++j) {
+        const __m512bh b0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p0[j]));
+        const __m512bh b1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p1[j]));
+        const std::uint16_t* vrow = vp + (static_cast<std::size_t>(j) * d_size + c0) * 2;
+        for (int v = 0; v < kPvVectors; ++v) {
+          const __m512bh x = (__m512bh)_mm512_load_si512(vrow + v * kBf16PerVector);
+          acc0[v] = _mm512_dpbf16_ps(acc0[v], b0, x);
+          acc1[v] = _mm512_dpbf16_ps(acc1[v], b1, x);
+        }
+      }
+      for (int v = 0; v < kPvVectors; ++v) {
+        _mm512_store_ps(a0 + c0 + v * kFloatsPerVector, acc0[v]);
+        if (r1 != r0) _mm512_store_ps(a1 + c0 + v * kFloatsPerVector, acc1[v]);
+      }
+    }
+  }
+}
+
+// ---- AVX512-BF16 decode path ---------------------------------------------------
+// Decodes (few rows) with bf16 queries and bf16 or e4m3 K/V: scores and P V
+// with vdpbf16ps, so one instruction does 32 multiply-adds where the fp32
+// rowwise loop did 16 plus a widening of K/V (docs/perf.md, attempt 13). e4m3
+// becomes bf16 through two byte-table lookups (vpermi2b, AVX512-VBMI: every
+// AVX512-BF16 CPU the dispatch admits has it), so fp8 costs the bf16 loop plus
+// five instructions per 64 values while reading half the bytes.
+#define PAGEDATTN_DECODE_TARGET __attribute__((target("avx512bf16,avx512vbmi")))
+
+// K/V values one decode step converts: one 64-byte e4m3 load, two bf16 vectors.
+constexpr int kDecodeChunk = 64;
+// e4m3 magnitudes (7 bits) and the bf16 table built from them.
+constexpr int kE4M3Magnitudes = 128;
+constexpr std::uint16_t kE4M3NanMagnitude = 0x7F;
+constexpr std::uint16_t kBf16QuietNan = 0x7FC0;
+constexpr int kBf16MantissaBits = 7;
+// bf16 exponent field of 2^-17, the smallest e4m3 subnormal (2^-9) over
+// kE4M3HalfRescale; a normal e4m3 exponent e maps to this + 2 + e.
+constexpr int kE4M3SubnormalBf16Exponent = 110;
+
+// Bf16 bits of (e4m3 magnitude x) / kE4M3HalfRescale: the same 2^-8 offset as
+// LoadKV's half reading, so every path of an item and the merge share one
+// rescale. Exact (e4m3 has 3 mantissa bits); the NaN code stays NaN.
+constexpr std::uint16_t e4m3_magnitude_bf16(int x) {
+  constexpr int kE4M3MantissaBits = 3;
+  const int e = x >> kE4M3MantissaBits;
+  const int m = x & ((1 << kE4M3MantissaBits) - 1);
+  if (x == kE4M3NanMagnitude) return kBf16QuietNan;
+  if (e != 0) {
+    return static_cast<std::uint16_t>(((kE4M3SubnormalBf16Exponent + 2 + e) << kBf16MantissaBits) |
+                                      (m << (kBf16MantissaBits - kE4M3MantissaBits)));
+  }
+  if (m == 0) return 0;
+  const int top = m >= 4 ? 2 : (m >= 2 ? 1 : 0);  // highest set bit of the subnormal mantissa
+  return static_cast<std::uint16_t>(((kE4M3SubnormalBf16Exponent + top) << kBf16MantissaBits) |
+                                    ((m - (1 << top)) << (kBf16MantissaBits - top)));
+}
+
+struct E4M3ByteTables {
+  alignas(64) std::uint8_t hi[kE4M3Magnitudes];  // high byte of the bf16 (sign clear)
+  alignas(64) std::uint8_t lo[kE4M3Magnitudes];  // low byte
+  // Byte indices that interleave 32 low bytes (first table) with 32 high bytes
+  // (second table) into 32 little-endian words: [0] words 0-31, [1] words 32-63.
+  alignas(64) std::uint8_t interleave[2][kDecodeChunk];
+};
+
+constexpr E4M3ByteTables make_e4m3_tables() {
+  E4M3ByteTables t{};
+  for (int x = 0; x < kE4M3Magnitudes; ++x) {
+    t.hi[x] = static_cast<std::uint8_t>(e4m3_magnitude_bf16(x) >> 8);
+    t.lo[x] = static_cast<std::uint8_t>(e4m3_magnitude_bf16(x) & 0xFF);
+  }
+  constexpr int kSecondTable = 64;  // vpermt2b: index bit 6 picks the second table
+  for (int half = 0; half < 2; ++half) {
+    for (int j = 0; j < kDecodeChunk; ++j) {
+      const int word = half * (kDecodeChunk / 2) + j / 2;
+      t.interleave[half][j] = static_cast<std::uint8_t>(j % 2 == 0 ? word : kSecondTable + word);
+    }
+  }
+  return t;
+}
+constexpr E4M3ByteTables kE4M3Tables = make_e4m3_tables();
+
+// The lookup tables, loaded into registers once per tile.
+struct E4M3Regs {
+  __m512i hi0, hi1, lo0, lo1, inter0, inter1, sign;
+};
+
+PAGEDATTN_DECODE_TARGET HWY_INLINE E4M3Regs LoadE4M3Regs() {
+  constexpr int kSignBit = 0x80;
+  return E4M3Regs{_mm512_load_si512(kE4M3Tables.hi), _mm512_load_si512(kE4M3Tables.hi + 64),
+                  _mm512_load_si512(kE4M3Tables.lo), _mm512_load_si512(kE4M3Tables.lo + 64),
+                  _mm512_load_si512(kE4M3Tables.interleave[0]), _mm512_load_si512(kE4M3Tables.interleave[1]),
+                  _mm512_set1_epi8(static_cast<char>(kSignBit))};
+}
+
+// kDecodeChunk values of a K/V row as bf16: out0 = values 0-31, out1 = 32-63.
+template <DType KV>
+PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadChunkBf16(const unsigned char* p, const E4M3Regs& t, __m512i& out0,
+                                                      __m512i& out1) {
+  if constexpr (KV == DType::BF16) {
+    static_cast<void>(t);
+    out0 = _mm512_loadu_si512(p);
+    out1 = _mm512_loadu_si512(p + kBf16PerVector * sizeof(std::uint16_t));
+  } else {
+    static_assert(KV == DType::FP8_E4M3, "decode dot path: bf16 or e4m3 K/V");
+    constexpr int kHiOrSign = 0xF8;  // ternary logic: A | (B & C)
+    const __m512i x = _mm512_loadu_si512(p);
+    // The tables index with bits 0-6 (vpermi2b ignores bit 7); the sign bit is copied over.
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, x, t.hi1), x, t.sign, kHiOrSign);
+    const __m512i lo = _mm512_permutex2var_epi8(t.lo0, x, t.lo1);
+    out0 = _mm512_permutex2var_epi8(lo, t.inter0, hi);
+    out1 = _mm512_permutex2var_epi8(lo, t.inter1, hi);
+  }
+}
+
+// Keys per step of the decode score loop: four keys x four rows = 16
+// accumulators, reduced together (one 128-bit lane per row) so a step ends in
+// four vector stores instead of four reductions and 16 scalar stores.
+constexpr int kDecodeKeyBlock = 4;
+
+// Lane sums of a[0..3], partly folded: 128-bit lane l of the result holds
+// partial sums of each a[r] in element r; the four lanes still add up.
+HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// S = (Q K^T) * scale for a decode tile, four rows x four keys per step. Q
+// holds the bf16 query rows (LoadQueriesBf16). Score columns past n get
+// duplicates of a real key's scores; softmax_tile masks them.
+template <DType KV>
+PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
+                                              const unsigned char* const* k_rows, float scale) {
+  static_assert(kTileKeys % kDecodeKeyBlock == 0, "key steps tile the score row");
+  const E4M3Regs t = LoadE4M3Regs();
+  const auto* q16 = reinterpret_cast<const std::uint16_t*>(sc.q);
+  const auto esize = static_cast<int>(dtype_size(KV));
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int rb = std::min(kRowBlock, rows - r0);
+    // Missing rows of a partial block reuse row r0 and are not stored.
+    const std::uint16_t* q[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) q[r] = q16 + (r0 + (r < rb ? r : 0)) * d_size;
+    for (int i0 = 0; i0 < n; i0 += kDecodeKeyBlock) {
+      const unsigned char* k[kDecodeKeyBlock];
+      for (int j = 0; j < kDecodeKeyBlock; ++j) k[j] = k_rows[i0 + j < n ? i0 + j : i0];
+      __m512 acc[kRowBlock][kDecodeKeyBlock];
+      for (int r = 0; r < kRowBlock; ++r) {
+        for (int j = 0; j < kDecodeKeyBlock; ++j) acc[r][j] = _mm512_setzero_ps();
+      }
+      for (int c = 0; c < d_size; c += kDecodeChunk) {
+        __m512bh qv[kRowBlock][2];
+        for (int r = 0; r < kRowBlock; ++r) {
+          qv[r][0] = (__m512bh)_mm512_loadu_si512(q[r] + c);
+          qv[r][1] = (__m512bh)_mm512_loadu_si512(q[r] + c + kBf16PerVector);
+        }
+        for (int j = 0; j < kDecodeKeyBlock; ++j) {
+          __m512i k0, k1;
+          LoadChunkBf16<KV>(k[j] + c * esize, t, k0, k1);
+          for (int r = 0; r < kRowBlock; ++r) {
+            acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][0], (__m512bh)k0);
+            acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][1], (__m512bh)k1);
+          }
+        }
+      }
+      // Row r's four key sums, folded to 128-bit lanes, then lane r of `sums`.
+      __m512 f[kRowBlock];
+      for (int r = 0; r < kRowBlock; ++r) f[r] = Fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      const __m512 f01 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2)));
+      const __m512 f23 = _mm512_add_ps(_mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(3, 2, 3, 2)));
+      const __m512 sums = _mm512_mul_ps(_mm512_add_ps(_mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                                      _mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))),
+                                        vscale);
+      alignas(64) float out[kRowBlock * kDecodeKeyBlock];
+      _mm512_store_ps(out, sums);
+      for (int r = 0; r < rb; ++r) std::memcpy(sc.s + (r0 + r) * kTileKeys + i0, out + r * kDecodeKeyBlock, sizeof(float) * kDecodeKeyBlock);
+    }
+  }
+}
+
+// acc = alpha * acc + P V for a decode tile: V rows interleaved in key pairs
+// as they are read, probabilities rounded to bf16 pairs (as the prefill path,
+// AccumulatePvBf16). Four rows x four vectors (16 accumulators) per pass over
+// kDecodeChunk columns.
+template <DType KV>
+PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
+                                                    const unsigned char* const* v_rows) {
+  constexpr int kVectors = kDecodeChunk / kFloatsPerVector;
+  const E4M3Regs t = LoadE4M3Regs();
+  const auto esize = static_cast<int>(dtype_size(KV));
+  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
+  // Probabilities as bf16 pairs of keys (2j, 2j + 1), one row of kTileKeys / 2 in sc.kt.
+  auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
+  for (int r = 0; r < rows; ++r) {
+    const float* prob = sc.s + r * kTileKeys;
+    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + kFloatsPerVector), _mm512_load_ps(prob));
+    _mm512_store_si512(pb + r * (kTileKeys / 2), (__m512i)packed);
+  }
+  const int pairs = (n + 1) / 2;
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int rb = std::min(kRowBlock, rows - r0);
+    const std::uint32_t* prob[kRowBlock];
+    float* a[kRowBlock];
+    __m512 alpha[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) {
+      const int row = r0 + (r < rb ? r : 0);  // missing rows reuse r0, not stored
+      prob[r] = pb + row * (kTileKeys / 2);
+      a[r] = sc.acc + row * d_size;
+      alpha[r] = _mm512_set1_ps(sc.alpha[row]);
+    }
+    for (int c0 = 0; c0 < d_size; c0 += kDecodeChunk) {
+      __m512 acc[kRowBlock][kVectors];
+      for (int r = 0; r < kRowBlock; ++r) {
+        for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_mul_ps(_mm512_load_ps(a[r] + c0 + v * kFloatsPerVector), alpha[r]);
+      }
+      for (int j = 0; j < pairs; ++j) {
+        // A missing second key (odd n) reads as zero: its probability is 0, but
+        // the cache behind it may hold NaN.
+        __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
+        LoadChunkBf16<KV>(v_rows[2 * j] + c0 * esize, t, a0, a1);
+        if (2 * j + 1 < n) LoadChunkBf16<KV>(v_rows[2 * j + 1] + c0 * esize, t, b0, b1);
+        const __m512bh x[kVectors] = {(__m512bh)_mm512_permutex2var_epi16(a0, lo_idx, b0),
+                                      (__m512bh)_mm512_permutex2var_epi16(a0, hi_idx, b0),
+                                      (__m512bh)_mm512_permutex2var_epi16(a1, lo_idx, b1),
+                                      (__m512bh)_mm512_permutex2var_epi16(a1, hi_idx, b1)};
+        for (int r = 0; r < kRowBlock; ++r) {
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(prob[r][j]));
+          for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], p, x[v]);
+        }
+      }
+      for (int r = 0; r < rb; ++r) {
+        for (int v = 0; v < kVectors; ++v) _mm512_store_ps(a[r] + c0 + v * kFloatsPerVector, acc[r][v]);
+      }
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3
