@@ -215,16 +215,23 @@ void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_byte
   }
 }
 
+#if HWY_TARGET == HWY_AVX2
+// Lane k of the result is the sum of a_k's lanes: three hadds and one add
+// instead of four separate reductions.
+HWY_INLINE __m128 SumLanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+#endif
+
 // Stores the lane sums of four vectors at out[0], out[stride], ... (the first
-// `count`). AVX2 reduces the four together (three hadds and one add instead
-// of four separate reductions).
+// `count`). AVX2 reduces the four together (SumLanes4).
 template <class D>
 HWY_INLINE void store_sums4(D d, const hn::Vec<D> (&v)[4], float* out, int stride, int count) {
 #if HWY_TARGET == HWY_AVX2
   static_cast<void>(d);
-  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(v[0].raw, v[1].raw), _mm256_hadd_ps(v[2].raw, v[3].raw));
   alignas(16) float sums[4];
-  _mm_store_ps(sums, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+  _mm_store_ps(sums, SumLanes4(v[0].raw, v[1].raw, v[2].raw, v[3].raw));
   for (int j = 0; j < count; ++j) out[j * stride] = sums[j];
 #else
   for (int j = 0; j < count; ++j) out[j * stride] = hn::GetLane(hn::SumOfLanes(d, v[j]));
@@ -744,12 +751,6 @@ HWY_INLINE __m256 SumLanes8(const __m256 (&a)[8]) {
   constexpr int kHighHalves = 0x31;
   return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, kLowHalves),
                        _mm256_permute2f128_ps(s0123, s4567, kHighHalves));
-}
-
-// Lane k of the result is the sum of a_k's lanes.
-HWY_INLINE __m128 SumLanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-  const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
 // v with its two 128-bit halves swapped: lane l of a key-major score vector
