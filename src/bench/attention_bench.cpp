@@ -6,6 +6,7 @@
 #include <pagedattn/registry.h>
 
 #include "bench/batch_spec.h"
+#include "bench/median.h"
 
 #include <algorithm>
 #include <chrono>
@@ -35,11 +36,6 @@ void fill_random(const Tensor& t, std::mt19937& rng) {
   const std::size_t size = t.element_size();
   const auto n = static_cast<std::size_t>(t.numel());
   for (std::size_t i = 0; i < n; ++i) store_from_float(p + i * size, t.dtype(), dist(rng));
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 template <typename F>
@@ -185,9 +181,9 @@ BenchResult run_attention_bench(const BenchConfig& c) {
     times.push_back(time_ms([&] { impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {}); }));
     plan_times.push_back(time_ms([&] { md = builder->build(w.common); }));
   }
-  res.median_ms = median(times);
+  res.median_ms = median_of(times);
   res.min_ms = *std::min_element(times.begin(), times.end());
-  res.plan_median_ms = median(plan_times);
+  res.plan_median_ms = median_of(plan_times);
 
   double pairs = 0.0;
   double kv_tokens = 0.0;

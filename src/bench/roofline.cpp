@@ -54,6 +54,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <hwy/aligned_allocator.h>
 
+#include "bench/median.h"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -70,12 +72,6 @@ namespace {
 constexpr std::size_t kStreamBytes = std::size_t{256} << 20;
 constexpr int kRepeats = 5;
 constexpr std::int64_t kFmaIterations = 20'000'000;
-
-// Medians, not maxima: on a shared machine single repeats stray both ways.
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -27,6 +27,7 @@
 #include <random>
 
 #include "bench/batch_spec.h"
+#include "bench/median.h"
 #include "cuda/cuda_runtime.h"
 #include "cuda/kernels/fill_random.h"
 #include "testing/rank_threads.h"
@@ -57,11 +58,6 @@ struct Options {
 };
 
 void check(int status, std::string_view what) { cuda::check_cuda(status, what); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void fill(const TensorView& t, std::uint64_t seed, void* stream) {
   check(cuda_kernels::launch_fill_uniform(t.data(), t.dtype(), t.numel(), seed, -1.0f, 1.0f, stream), "fill");
@@ -240,9 +236,9 @@ nlohmann::json summarize(const Options& o, int size, bool dcp, const std::vector
   nlohmann::json ranks = nlohmann::json::array();
   double step = 0.0, attention = 0.0, merge = 0.0, max_bytes = 0.0, min_gb_s = std::numeric_limits<double>::infinity();
   for (std::size_t r = 0; r < timings.size(); ++r) {
-    const double a = median(timings[r].attention_ms);
-    const double s = median(timings[r].step_ms);
-    const double m = dcp ? median(timings[r].merge_ms) : 0.0;
+    const double a = bench::median_of(timings[r].attention_ms);
+    const double s = bench::median_of(timings[r].step_ms);
+    const double m = dcp ? bench::median_of(timings[r].merge_ms) : 0.0;
     const double gb_s = bytes[r] / (a * 1e-3) / kBytesPerGB;
     ranks.push_back({{"rank", r},
                      {"step_ms", s},

@@ -20,6 +20,7 @@
 #include <random>
 
 #include "bench/batch_spec.h"
+#include "bench/median.h"
 #include "cuda/cuda_runtime.h"
 #include "cuda/kernels/fill_random.h"
 
@@ -48,11 +49,6 @@ struct Options {
 };
 
 void check(int status, std::string_view what) { cuda::check_cuda(status, what); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Milliseconds of `fn` on the default stream, by CUDA events.
 template <typename F>
@@ -88,7 +84,7 @@ double copy_bandwidth_gb_s() {
   }
   cudaFree(a);
   cudaFree(b);
-  return 2.0 * static_cast<double>(kCopyBytes) / (median(ms) * 1e-3) / 1e9;  // read + write
+  return 2.0 * static_cast<double>(kCopyBytes) / (bench::median_of(ms) * 1e-3) / 1e9;  // read + write
 }
 
 nlohmann::json run_spec(const Options& o, const std::string& spec, const AttentionBackend& backend) {
@@ -252,8 +248,8 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const Attenti
   const double flops = 4.0 * pairs * hd;
   const double bytes = kv_tokens * o.num_kv_heads * o.head_size * 2.0 * static_cast<double>(dtype_size(storage)) +
                        2.0 * tokens * hd * static_cast<double>(dtype_size(*dtype));
-  const double ms = median(replay);
-  j.update({{"median_ms", ms}, {"eager_median_ms", median(eager)}, {"plan_median_ms", median(plan)},
+  const double ms = bench::median_of(replay);
+  j.update({{"median_ms", ms}, {"eager_median_ms", bench::median_of(eager)}, {"plan_median_ms", bench::median_of(plan)},
             {"flops", flops}, {"bytes", bytes}, {"tflop_per_s", flops / (ms * 1e-3) / 1e12},
             {"tb_per_s", bytes / (ms * 1e-3) / 1e12}});
   return j;
