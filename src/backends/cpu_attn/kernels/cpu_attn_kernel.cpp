@@ -192,27 +192,55 @@ void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemSha
   }
 }
 
-// Tiles between the one computed and the ones prefetched: paged blocks are
-// scattered, so the hardware prefetchers lose the stream at every block.
-// Measured (docs/perf.md): one tile ahead into L1 beat two tiles into L2, no
+// Paged blocks are scattered, so the hardware prefetchers lose the stream at
+// every block: the kernel prefetches the next tile in software. Measured
+// (docs/perf.md): the next tile into L1 beat two tiles ahead into L2, no
 // prefetch, and prefetching only the start of each block (attempts 4, 10); once
-// the decode loop got faster (attempt 13), another stream kFarPrefetchTiles
-// ahead into L2 put more DRAM reads in flight (attempt 14).
-constexpr int kPrefetchTiles = 1;
+// the AVX-512 decode loop got faster (attempt 13), another stream
+// kFarPrefetchTiles ahead into L2 put more DRAM reads in flight (attempt 14).
+// The chunked decode path instead spreads the next tile's prefetches over its
+// loops (TilePrefetch, attempt 26).
 constexpr int kFarPrefetchTiles = 4;
 // __builtin_prefetch locality hints.
 constexpr int kKeepInL1 = 3;
 constexpr int kKeepInL2 = 2;
+constexpr int kCacheLine = 64;
+
+template <int kLocality>
+HWY_INLINE void prefetch_line(const unsigned char* row, int line) {
+  constexpr int kReadOnly = 0;
+  __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
+}
+
+template <int kLocality>
+HWY_INLINE void prefetch_lines(const unsigned char* row, int first_line, int end_line) {
+  for (int line = first_line; line < end_line; ++line) prefetch_line<kLocality>(row, line);
+}
 
 template <int kLocality>
 void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_bytes) {
-  constexpr std::size_t kCacheLine = 64;
-  constexpr int kReadOnly = 0;
-  for (int i = 0; i < n; ++i) {
-    for (std::size_t off = 0; off < row_bytes; off += kCacheLine) {
-      __builtin_prefetch(rows[i] + off, kReadOnly, kLocality);
-    }
-  }
+  const int lines = static_cast<int>((row_bytes + kCacheLine - 1) / kCacheLine);
+  for (int i = 0; i < n; ++i) prefetch_lines<kLocality>(rows[i], 0, lines);
+}
+
+// The tile after the one computed, for the chunked decode path to prefetch
+// into L1 a few lines at a time from inside its score and P V loops: a burst
+// of a whole tile's prefetches fills the miss buffers and stalls the loads
+// behind it, while spread out they keep DRAM busy under the arithmetic
+// (docs/perf.md, attempt 26). Loops of later row blocks of the same tile get
+// `ahead` null.
+struct TilePrefetch {
+  const unsigned char* const* k_rows = nullptr;  // [n] K rows of the next tile
+  const unsigned char* const* v_rows = nullptr;  // [n] V rows of the next tile
+  int n = 0;
+  int lines = 0;  // cache lines per K/V row
+};
+
+
+// Prefetches K rows [i0, i0 + count) ahead.
+HWY_INLINE void prefetch_k_rows(const TilePrefetch* ahead, int i0, int count) {
+  if (ahead == nullptr) return;
+  for (int i = i0; i < std::min(ahead->n, i0 + count); ++i) prefetch_lines<kKeepInL1>(ahead->k_rows[i], 0, ahead->lines);
 }
 
 #if HWY_TARGET == HWY_AVX2
@@ -610,7 +638,8 @@ void reorder_rows(float* x, float* tmp, int rows, int d_size, int lanes, bool fo
 // S[r0 .. r0 + kR, i] = q . k_i, kKeys keys per pass (missing keys of the last
 // pass repeat key n - 1 and are not stored).
 template <DType KV, bool kNanFree, int kR, class D>
-void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows) {
+void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows,
+                   const TilePrefetch* ahead) {
   constexpr int kKeys = kDecodeAccumulators / kR;
   // Holding all rows' query vectors would not fit: with four rows the chunks
   // of the pass's keys stay in registers instead, and the rows stream.
@@ -622,6 +651,7 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
   for (int i0 = 0; i0 < n; i0 += kKeys) {
     const unsigned char* k[kKeys];
     for (int j = 0; j < kKeys; ++j) k[j] = k_rows[std::min(i0 + j, n - 1)];
+    prefetch_k_rows(ahead, i0, kKeys);
     hn::Vec<D> acc[kR][kKeys];
     for (int r = 0; r < kR; ++r) {
       for (int j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d);
@@ -681,7 +711,7 @@ struct ProbLayout {
 // acc[r0 .. r0 + kR] = alpha * acc + P V, kChunks chunks per pass.
 template <DType KV, bool kNanFree, int kR, int kChunks, class D>
 void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
-               const ProbLayout& probs) {
+               const ProbLayout& probs, const TilePrefetch* ahead) {
   const int lanes = static_cast<int>(hn::Lanes(d));
   const std::size_t esize = dtype_size(KV);
   float* a[kR];
@@ -691,13 +721,22 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
     prob[r] = probs.first + r * probs.row_step;
   }
   constexpr int kVectors = 2 * kChunks;
+  const int passes = d_size / (kVectors * lanes);
   for (int c0 = 0; c0 < d_size; c0 += kVectors * lanes) {
+    // Pass p prefetches lines p, p + passes, ... of each V row ahead.
+    const int pass = c0 / (kVectors * lanes);
+    const int pf_rows = ahead != nullptr && pass < ahead->lines ? ahead->n : 0;
     hn::Vec<D> acc[kR][kVectors];
     for (int r = 0; r < kR; ++r) {
       const auto alpha = hn::Set(d, sc.alpha[r0 + r]);
       for (int v = 0; v < kVectors; ++v) acc[r][v] = hn::Mul(hn::Load(d, a[r] + c0 + v * lanes), alpha);
     }
     for (int i = 0; i < n; ++i) {
+      if (i < pf_rows) {
+        for (int line = pass; line < ahead->lines; line += passes) {
+          prefetch_line<kKeepInL1>(ahead->v_rows[i], line);
+        }
+      }
       hn::Vec<D> pr[kR];
       for (int r = 0; r < kR; ++r) pr[r] = hn::Set(d, prob[r][i * probs.key_step]);
       for (int ch = 0; ch < kChunks; ++ch) {
@@ -720,16 +759,16 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
 // accumulators and divide the head size.
 template <DType KV, bool kNanFree, int kR, class D>
 void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
-                     const ProbLayout& probs) {
+                     const ProbLayout& probs, const TilePrefetch* ahead) {
   constexpr int kMostChunks = kDecodeAccumulators / (2 * kR);
   const int chunk = 2 * static_cast<int>(hn::Lanes(d));
   if constexpr (kMostChunks >= 4) {
-    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows, probs);
+    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows, probs, ahead);
   }
   if constexpr (kMostChunks >= 2) {
-    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows, probs);
+    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows, probs, ahead);
   }
-  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows, probs);
+  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows, probs, ahead);
 }
 
 #if HWY_TARGET == HWY_AVX2
@@ -781,7 +820,8 @@ HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* p) {
 // n - 1 in up to two columns from n on (the next block's scores, or
 // kScorePadFloats, take the one past the tile), which the softmax masks.
 template <DType KV, bool kNanFree, class D>
-void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows, float* st) {
+void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows, float* st,
+                 const TilePrefetch* ahead) {
   constexpr int kKeys = 3;
   const int lanes = static_cast<int>(hn::Lanes(d));
   const std::size_t esize = dtype_size(KV);
@@ -790,6 +830,7 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
   for (int i0 = 0; i0 < n; i0 += kKeys) {
     const unsigned char* k[kKeys];
     for (int j = 0; j < kKeys; ++j) k[j] = k_rows[std::min(i0 + j, n - 1)];
+    prefetch_k_rows(ahead, i0, kKeys);
     hn::Vec<D> acc[kKeys][kRowBlock];
     for (auto& key : acc) {
       for (auto& a : key) a = hn::Zero(d);
@@ -889,13 +930,15 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
 // part of sc.s.
 template <DType KV, bool kNanFree, class D>
 void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
-                       const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
+                       const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                       const TilePrefetch& ahead) {
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     float* st = sc.s + r0 * kTileKeys;  // [kTileKeys, 4]: the block's kTileKeys x 4 floats
-    scores_quad<KV, kNanFree>(d, sc, r0, p.head_size, n, k_rows, st);
+    const TilePrefetch* block_ahead = r0 == 0 ? &ahead : nullptr;
+    scores_quad<KV, kNanFree>(d, sc, r0, p.head_size, n, k_rows, st, block_ahead);
     softmax_quad(d, p, sc, r0, t0, n, st);
     pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, p.head_size, n, v_rows,
-                                             ProbLayout{st, 1, kRowBlock});
+                                             ProbLayout{st, 1, kRowBlock}, block_ahead);
   }
 }
 #endif  // HWY_TARGET == HWY_AVX2
@@ -921,40 +964,45 @@ bool has_e4m3_nan(D d, const unsigned char* const* rows, int n, int d_size) {
 
 template <DType KV, bool kNanFree, class D>
 void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
-                      const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
+                      const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                      const TilePrefetch& ahead) {
 #if HWY_TARGET == HWY_AVX2
-  if (rows % kRowBlock == 0) return tile_decode_quads<KV, kNanFree>(d, p, sc, rows, t0, n, k_rows, v_rows);
+  if (rows % kRowBlock == 0) return tile_decode_quads<KV, kNanFree>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
 #endif
   const int d_size = p.head_size;
+  // The first row block's loops prefetch the next tile.
+  const auto block_ahead = [&](int first) { return first == 0 ? &ahead : nullptr; };
   int r0 = 0;
   for (; r0 + kRowBlock <= rows; r0 += kRowBlock) {
-    scores_decode<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, k_rows);
+    scores_decode<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, k_rows, block_ahead(r0));
   }
-  if (rows - r0 >= 2) scores_decode<KV, kNanFree, 2>(d, sc, r0, d_size, n, k_rows);
-  if ((rows - r0) % 2 == 1) scores_decode<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, k_rows);
+  if (rows - r0 >= 2) scores_decode<KV, kNanFree, 2>(d, sc, r0, d_size, n, k_rows, block_ahead(r0));
+  if ((rows - r0) % 2 == 1) scores_decode<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, k_rows, block_ahead(rows - 1));
   softmax_tile(d, p, sc, rows, t0, n);
   const auto row_major = [&](int first) { return ProbLayout{sc.s + first * kTileKeys}; };
   for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) {
-    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0));
+    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0), block_ahead(r0));
   }
-  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows, row_major(r0));
-  if ((rows - r0) % 2 == 1) pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows, row_major(rows - 1));
+  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows, row_major(r0), block_ahead(r0));
+  if ((rows - r0) % 2 == 1) {
+    pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows, row_major(rows - 1), block_ahead(rows - 1));
+  }
 }
 
 // One tile of the chunked decode path: rows in blocks of four, then two, then
 // one. e4m3 tiles without the NaN code (nearly all) take the cheap conversion.
 template <DType KV, class D>
 void tile_decode(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
-                 const unsigned char* const* k_rows, const unsigned char* const* v_rows) {
+                 const unsigned char* const* k_rows, const unsigned char* const* v_rows, const TilePrefetch& ahead) {
   // HWY_SCALAR has no byte vector wider than its one float lane to scan with.
   if constexpr (KV == DType::FP8_E4M3 && HWY_TARGET != HWY_SCALAR) {
     const hn::Repartition<std::uint8_t, D> du8;
     if (p.head_size % static_cast<int>(hn::Lanes(du8)) == 0 && !has_e4m3_nan(d, k_rows, n, p.head_size) &&
         !has_e4m3_nan(d, v_rows, n, p.head_size)) {
-      return tile_decode_rows<KV, true>(d, p, sc, rows, t0, n, k_rows, v_rows);
+      return tile_decode_rows<KV, true>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
     }
   }
-  tile_decode_rows<KV, false>(d, p, sc, rows, t0, n, k_rows, v_rows);
+  tile_decode_rows<KV, false>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
 }
 
 // Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
@@ -1028,30 +1076,35 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
 
   const auto esize = static_cast<int>(dtype_size(KV));
   const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
-  const unsigned char* k_rows[kTileKeys];
-  const unsigned char* v_rows[kTileKeys];
-  const unsigned char* ahead_k[kTileKeys];
-  const unsigned char* ahead_v[kTileKeys];
-  for (int t0 = lo; t0 < hi; t0 += kTileKeys) {
+  // Row pointers of the tile computed and of the next one, which is
+  // prefetched meanwhile and computed in the next iteration.
+  const unsigned char* tile_k[2][kTileKeys];
+  const unsigned char* tile_v[2][kTileKeys];
+  const unsigned char* far_k[kTileKeys];
+  const unsigned char* far_v[kTileKeys];
+  int cur = 0;
+  if (lo < hi) tile_pointers(p, item, shape, lo, std::min(kTileKeys, hi - lo), tile_k[cur], tile_v[cur]);
+  for (int t0 = lo; t0 < hi; t0 += kTileKeys, cur ^= 1) {
     const int n = std::min(kTileKeys, hi - t0);
-    tile_pointers(p, item, shape, t0, n, k_rows, v_rows);
-    const int ahead = t0 + kPrefetchTiles * kTileKeys;
-    if (ahead < hi) {
-      const int ahead_n = std::min(kTileKeys, hi - ahead);
-      tile_pointers(p, item, shape, ahead, ahead_n, ahead_k, ahead_v);
-      prefetch_rows<kKeepInL1>(ahead_k, ahead_n, row_bytes);
-      prefetch_rows<kKeepInL1>(ahead_v, ahead_n, row_bytes);
+    const unsigned char* const* k_rows = tile_k[cur];
+    const unsigned char* const* v_rows = tile_v[cur];
+    const int next = t0 + kTileKeys;
+    const int next_n = next < hi ? std::min(kTileKeys, hi - next) : 0;
+    if (next_n > 0) tile_pointers(p, item, shape, next, next_n, tile_k[cur ^ 1], tile_v[cur ^ 1]);
+    if (chunked) {
+      const TilePrefetch ahead{tile_k[cur ^ 1], tile_v[cur ^ 1], next_n,
+                               static_cast<int>((row_bytes + kCacheLine - 1) / kCacheLine)};
+      tile_decode<KV>(d, p, sc, shape.rows, t0, n, k_rows, v_rows, ahead);
+      continue;
     }
+    prefetch_rows<kKeepInL1>(tile_k[cur ^ 1], next_n, row_bytes);
+    prefetch_rows<kKeepInL1>(tile_v[cur ^ 1], next_n, row_bytes);
     const int far = t0 + kFarPrefetchTiles * kTileKeys;
     if (far < hi) {
       const int far_n = std::min(kTileKeys, hi - far);
-      tile_pointers(p, item, shape, far, far_n, ahead_k, ahead_v);
-      prefetch_rows<kKeepInL2>(ahead_k, far_n, row_bytes);
-      prefetch_rows<kKeepInL2>(ahead_v, far_n, row_bytes);
-    }
-    if (chunked) {
-      tile_decode<KV>(d, p, sc, shape.rows, t0, n, k_rows, v_rows);
-      continue;
+      tile_pointers(p, item, shape, far, far_n, far_k, far_v);
+      prefetch_rows<kKeepInL2>(far_k, far_n, row_bytes);
+      prefetch_rows<kKeepInL2>(far_v, far_n, row_bytes);
     }
 #if HWY_TARGET == HWY_AVX3
     if (bf16_dot) {

@@ -26,8 +26,8 @@ struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
 
-// One request with `keys` cached keys (NHD layout, blocks in random order) and
-// `queries` query tokens.
+// One request with `keys` cached keys (blocks in random order; NHD or HND
+// layout) and `queries` query tokens.
 struct Fixture {
   std::vector<std::uint8_t> k_cache, v_cache, query, output;
   std::vector<std::int32_t> block_table, query_start_loc, seq_lens;
@@ -35,7 +35,7 @@ struct Fixture {
   std::unique_ptr<void, AlignedFree> scratch;
   AttentionParams p;
 
-  Fixture(int queries, int keys, DType kv_dtype) {
+  Fixture(int queries, int keys, DType kv_dtype, bool hnd) {
     const int blocks = (keys + kBlockSize - 1) / kBlockSize;
     const std::size_t kv_elems = static_cast<std::size_t>(blocks) * kBlockSize * kKvHeads * kHeadSize;
     std::mt19937 rng(3);
@@ -69,9 +69,12 @@ struct Fixture {
     p.block_table_row_stride = blocks;
     p.block_size = kBlockSize;
     p.query = {query.data(), DType::BF16, kHeads * kHeadSize, kHeadSize};
-    const std::int64_t slot = kKvHeads * kHeadSize;
-    p.key_cache = {k_cache.data(), kBlockSize * slot, slot, kHeadSize};
-    p.value_cache = {v_cache.data(), kBlockSize * slot, slot, kHeadSize};
+    const std::int64_t block = static_cast<std::int64_t>(kBlockSize) * kKvHeads * kHeadSize;
+    // NHD: [num_blocks, block_size, Hkv, D]; HND: [num_blocks, Hkv, block_size, D].
+    const std::int64_t slot = hnd ? kHeadSize : kKvHeads * kHeadSize;
+    const std::int64_t head = hnd ? kBlockSize * kHeadSize : kHeadSize;
+    p.key_cache = {k_cache.data(), block, slot, head};
+    p.value_cache = {v_cache.data(), block, slot, head};
     p.kv_dtype = kv_dtype;
     static const float kUnitScale = 1.0f;
     if (is_fp8(kv_dtype)) {
@@ -84,7 +87,7 @@ struct Fixture {
   }
 };
 
-// Args: ISA index (cpu_attn_isa.h order), query tokens, keys, KV dtype.
+// Args: ISA index (cpu_attn_isa.h order), query tokens, keys, KV dtype, HND (1) or NHD (0).
 void BM_WorkItem(benchmark::State& state) {
   const auto isa = static_cast<Isa>(state.range(0));
   if (!set_isa(isa)) {
@@ -93,7 +96,7 @@ void BM_WorkItem(benchmark::State& state) {
   }
   const int queries = static_cast<int>(state.range(1));
   const int keys = static_cast<int>(state.range(2));
-  Fixture f(queries, keys, static_cast<DType>(state.range(3)));
+  Fixture f(queries, keys, static_cast<DType>(state.range(3)), state.range(4) != 0);
   const WorkItem item{0, 0, 0, queries, 0, keys, -1};
   for (auto _ : state) {
     run_work_item(f.p, item, PartialState{f.partials.data(), kHeads / kKvHeads}, f.scratch.get());
@@ -109,18 +112,22 @@ void BM_WorkItem(benchmark::State& state) {
 }
 
 void Args(benchmark::internal::Benchmark* b) {
+  const auto bf16 = static_cast<std::int64_t>(DType::BF16);
+  const auto fp8 = static_cast<std::int64_t>(DType::FP8_E4M3);
   for (const Isa isa : compiled_isas()) {
     const auto i = static_cast<std::int64_t>(isa);
-    b->Args({i, 1, 8192, static_cast<std::int64_t>(DType::BF16)});      // decode, one KV head
-    b->Args({i, 1, 8192, static_cast<std::int64_t>(DType::FP8_E4M3)});  // fp8 decode
-    // The item's K/V (128 KiB of 256 keys) stays in L2: the compute alone.
-    b->Args({i, 1, 256, static_cast<std::int64_t>(DType::BF16)});
-    b->Args({i, 1, 256, static_cast<std::int64_t>(DType::FP8_E4M3)});
-    b->Args({i, 16, 2048, static_cast<std::int64_t>(DType::BF16)});     // prefill tile
+    for (const std::int64_t hnd : {0, 1}) {
+      b->Args({i, 1, 8192, bf16, hnd});  // decode, one KV head
+      b->Args({i, 1, 8192, fp8, hnd});   // fp8 decode
+      // The item's K/V (128 KiB of 256 keys) stays in L2: the compute alone.
+      b->Args({i, 1, 256, bf16, hnd});
+      b->Args({i, 1, 256, fp8, hnd});
+    }
+    b->Args({i, 16, 2048, bf16, 0});  // prefill tile
   }
 }
 
-BENCHMARK(BM_WorkItem)->Apply(Args)->ArgNames({"isa", "q", "keys", "kv"});
+BENCHMARK(BM_WorkItem)->Apply(Args)->ArgNames({"isa", "q", "keys", "kv", "hnd"});
 
 }  // namespace
 }  // namespace pagedattn::cpu_attn
