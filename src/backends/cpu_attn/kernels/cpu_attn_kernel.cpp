@@ -199,7 +199,7 @@ void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemSha
 // the AVX-512 decode loop got faster (attempt 13), another stream
 // kFarPrefetchTiles ahead into L2 put more DRAM reads in flight (attempt 14).
 // The chunked decode path instead spreads the next tile's prefetches over its
-// loops (TilePrefetch, attempt 26).
+// score loops (TilePrefetch, attempt 26).
 constexpr int kFarPrefetchTiles = 4;
 // __builtin_prefetch locality hints.
 constexpr int kKeepInL1 = 3;
@@ -207,14 +207,9 @@ constexpr int kKeepInL2 = 2;
 constexpr int kCacheLine = 64;
 
 template <int kLocality>
-HWY_INLINE void prefetch_line(const unsigned char* row, int line) {
-  constexpr int kReadOnly = 0;
-  __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
-}
-
-template <int kLocality>
 HWY_INLINE void prefetch_lines(const unsigned char* row, int first_line, int end_line) {
-  for (int line = first_line; line < end_line; ++line) prefetch_line<kLocality>(row, line);
+  constexpr int kReadOnly = 0;
+  for (int line = first_line; line < end_line; ++line) __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
 }
 
 template <int kLocality>
@@ -224,10 +219,10 @@ void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_byte
 }
 
 // The tile after the one computed, for the chunked decode path to prefetch
-// into L1 a few lines at a time from inside its score and P V loops: a burst
-// of a whole tile's prefetches fills the miss buffers and stalls the loads
-// behind it, while spread out they keep DRAM busy under the arithmetic
-// (docs/perf.md, attempt 26). Loops of later row blocks of the same tile get
+// into L1 a few rows at a time from inside its score loop: a burst of a whole
+// tile's prefetches fills the miss buffers and stalls the loads behind it,
+// while spread out they keep DRAM busy under the arithmetic (docs/perf.md,
+// attempt 26). The score loops of later row blocks of the same tile get
 // `ahead` null.
 struct TilePrefetch {
   const unsigned char* const* k_rows = nullptr;  // [n] K rows of the next tile
@@ -237,10 +232,14 @@ struct TilePrefetch {
 };
 
 
-// Prefetches K rows [i0, i0 + count) ahead.
-HWY_INLINE void prefetch_k_rows(const TilePrefetch* ahead, int i0, int count) {
+// Prefetches the K and V rows of keys [i0, i0 + count) of the tile ahead (in
+// the score loop only: prefetches in the P V loop measured slower).
+HWY_INLINE void prefetch_ahead(const TilePrefetch* ahead, int i0, int count) {
   if (ahead == nullptr) return;
-  for (int i = i0; i < std::min(ahead->n, i0 + count); ++i) prefetch_lines<kKeepInL1>(ahead->k_rows[i], 0, ahead->lines);
+  for (int i = i0; i < std::min(ahead->n, i0 + count); ++i) {
+    prefetch_lines<kKeepInL1>(ahead->k_rows[i], 0, ahead->lines);
+    prefetch_lines<kKeepInL1>(ahead->v_rows[i], 0, ahead->lines);
+  }
 }
 
 #if HWY_TARGET == HWY_AVX2
@@ -651,7 +650,7 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
   for (int i0 = 0; i0 < n; i0 += kKeys) {
     const unsigned char* k[kKeys];
     for (int j = 0; j < kKeys; ++j) k[j] = k_rows[std::min(i0 + j, n - 1)];
-    prefetch_k_rows(ahead, i0, kKeys);
+    prefetch_ahead(ahead, i0, kKeys);
     hn::Vec<D> acc[kR][kKeys];
     for (int r = 0; r < kR; ++r) {
       for (int j = 0; j < kKeys; ++j) acc[r][j] = hn::Zero(d);
@@ -711,7 +710,7 @@ struct ProbLayout {
 // acc[r0 .. r0 + kR] = alpha * acc + P V, kChunks chunks per pass.
 template <DType KV, bool kNanFree, int kR, int kChunks, class D>
 void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
-               const ProbLayout& probs, const TilePrefetch* ahead) {
+               const ProbLayout& probs) {
   const int lanes = static_cast<int>(hn::Lanes(d));
   const std::size_t esize = dtype_size(KV);
   float* a[kR];
@@ -721,22 +720,13 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
     prob[r] = probs.first + r * probs.row_step;
   }
   constexpr int kVectors = 2 * kChunks;
-  const int passes = d_size / (kVectors * lanes);
   for (int c0 = 0; c0 < d_size; c0 += kVectors * lanes) {
-    // Pass p prefetches lines p, p + passes, ... of each V row ahead.
-    const int pass = c0 / (kVectors * lanes);
-    const int pf_rows = ahead != nullptr && pass < ahead->lines ? ahead->n : 0;
     hn::Vec<D> acc[kR][kVectors];
     for (int r = 0; r < kR; ++r) {
       const auto alpha = hn::Set(d, sc.alpha[r0 + r]);
       for (int v = 0; v < kVectors; ++v) acc[r][v] = hn::Mul(hn::Load(d, a[r] + c0 + v * lanes), alpha);
     }
     for (int i = 0; i < n; ++i) {
-      if (i < pf_rows) {
-        for (int line = pass; line < ahead->lines; line += passes) {
-          prefetch_line<kKeepInL1>(ahead->v_rows[i], line);
-        }
-      }
       hn::Vec<D> pr[kR];
       for (int r = 0; r < kR; ++r) pr[r] = hn::Set(d, prob[r][i * probs.key_step]);
       for (int ch = 0; ch < kChunks; ++ch) {
@@ -759,16 +749,16 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
 // accumulators and divide the head size.
 template <DType KV, bool kNanFree, int kR, class D>
 void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
-                     const ProbLayout& probs, const TilePrefetch* ahead) {
+                     const ProbLayout& probs) {
   constexpr int kMostChunks = kDecodeAccumulators / (2 * kR);
   const int chunk = 2 * static_cast<int>(hn::Lanes(d));
   if constexpr (kMostChunks >= 4) {
-    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows, probs, ahead);
+    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows, probs);
   }
   if constexpr (kMostChunks >= 2) {
-    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows, probs, ahead);
+    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows, probs);
   }
-  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows, probs, ahead);
+  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows, probs);
 }
 
 #if HWY_TARGET == HWY_AVX2
@@ -830,7 +820,7 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
   for (int i0 = 0; i0 < n; i0 += kKeys) {
     const unsigned char* k[kKeys];
     for (int j = 0; j < kKeys; ++j) k[j] = k_rows[std::min(i0 + j, n - 1)];
-    prefetch_k_rows(ahead, i0, kKeys);
+    prefetch_ahead(ahead, i0, kKeys);
     hn::Vec<D> acc[kKeys][kRowBlock];
     for (auto& key : acc) {
       for (auto& a : key) a = hn::Zero(d);
@@ -938,7 +928,7 @@ void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int row
     scores_quad<KV, kNanFree>(d, sc, r0, p.head_size, n, k_rows, st, block_ahead);
     softmax_quad(d, p, sc, r0, t0, n, st);
     pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, p.head_size, n, v_rows,
-                                             ProbLayout{st, 1, kRowBlock}, block_ahead);
+                                             ProbLayout{st, 1, kRowBlock});
   }
 }
 #endif  // HWY_TARGET == HWY_AVX2
@@ -981,12 +971,10 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
   softmax_tile(d, p, sc, rows, t0, n);
   const auto row_major = [&](int first) { return ProbLayout{sc.s + first * kTileKeys}; };
   for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) {
-    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0), block_ahead(r0));
+    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0));
   }
-  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows, row_major(r0), block_ahead(r0));
-  if ((rows - r0) % 2 == 1) {
-    pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows, row_major(rows - 1), block_ahead(rows - 1));
-  }
+  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows, row_major(r0));
+  if ((rows - r0) % 2 == 1) pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows, row_major(rows - 1));
 }
 
 // One tile of the chunked decode path: rows in blocks of four, then two, then
