@@ -509,56 +509,55 @@ void accumulate_pv(D d, const Scratch& sc, int rows, int d_size, int n, const un
   }
 }
 
-// acc = alpha * acc + P V for a converted V tile (prefills), two rows x
-// kWidePvVectors vectors at a time, so each V load feeds two FMAs and each
-// probability broadcast feeds kWidePvVectors (the 4-row loop above is
-// load-bound): 16 accumulators with AVX-512's 32 registers, 8 with AVX2's 16.
-// Needs d_size % (kWidePvVectors lanes) == 0.
+// acc = alpha * acc + P V for a converted V tile (prefills), kWidePvRows rows
+// x kWidePvVectors vectors at a time, so each V load feeds kWidePvRows FMAs
+// and each probability broadcast kWidePvVectors (the 4-row loop above is
+// load-bound). AVX-512: 2 x 8 accumulators of its 32 registers; AVX2: 3 x 4 =
+// 12 of 16, since 8 FMA chains are the latency limit (4-cycle FMAs, two per
+// cycle) and left no slack (docs/perf.md, attempt 27). Needs d_size %
+// (kWidePvVectors lanes) == 0.
 constexpr int kWidePvVectors = HWY_TARGET == HWY_AVX3 ? 8 : 4;
+constexpr int kWidePvRows = HWY_TARGET == HWY_AVX2 ? 3 : 2;
+
+template <int kR, class D>
+void pv_wide_block(D d, const Scratch& sc, int r0, int d_size, int n) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  float* a[kR];
+  const float* prob[kR];
+  for (int r = 0; r < kR; ++r) {
+    a[r] = sc.acc + (r0 + r) * d_size;
+    prob[r] = sc.s + (r0 + r) * kTileKeys;
+  }
+  for (int c0 = 0; c0 < d_size; c0 += kWidePvVectors * lanes) {
+    hn::Vec<D> acc[kR][kWidePvVectors];
+    for (int r = 0; r < kR; ++r) {
+      const auto alpha = hn::Set(d, sc.alpha[r0 + r]);
+      for (int v = 0; v < kWidePvVectors; ++v) acc[r][v] = hn::Mul(hn::Load(d, a[r] + c0 + v * lanes), alpha);
+    }
+    for (int i = 0; i < n; ++i) {
+      const float* vrow = sc.vf + i * d_size + c0;
+      for (int r = 0; r < kR; ++r) {
+        const auto b = hn::Set(d, prob[r][i]);
+        for (int v = 0; v < kWidePvVectors; ++v) acc[r][v] = hn::MulAdd(b, hn::Load(d, vrow + v * lanes), acc[r][v]);
+      }
+    }
+    for (int r = 0; r < kR; ++r) {
+      for (int v = 0; v < kWidePvVectors; ++v) hn::Store(acc[r][v], d, a[r] + c0 + v * lanes);
+    }
+  }
+}
+
 template <class D>
 void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
-  const int lanes = static_cast<int>(hn::Lanes(d));
   int r0 = 0;
-  for (; r0 + 2 <= rows; r0 += 2) {
-    float* a0 = sc.acc + r0 * d_size;
-    float* a1 = a0 + d_size;
-    const float* p0 = sc.s + r0 * kTileKeys;
-    const float* p1 = p0 + kTileKeys;
-    const auto alpha0 = hn::Set(d, sc.alpha[r0]);
-    const auto alpha1 = hn::Set(d, sc.alpha[r0 + 1]);
-    for (int c0 = 0; c0 < d_size; c0 += kWidePvVectors * lanes) {
-      hn::Vec<D> acc0[kWidePvVectors];
-      hn::Vec<D> acc1[kWidePvVectors];
-      for (int v = 0; v < kWidePvVectors; ++v) {
-        acc0[v] = hn::Mul(hn::Load(d, a0 + c0 + v * lanes), alpha0);
-        acc1[v] = hn::Mul(hn::Load(d, a1 + c0 + v * lanes), alpha1);
-      }
-      for (int i = 0; i < n; ++i) {
-        const auto b0 = hn::Set(d, p0[i]);
-        const auto b1 = hn::Set(d, p1[i]);
-        const float* vrow = sc.vf + i * d_size + c0;
-        for (int v = 0; v < kWidePvVectors; ++v) {
-          const auto x = hn::Load(d, vrow + v * lanes);
-          acc0[v] = hn::MulAdd(b0, x, acc0[v]);
-          acc1[v] = hn::MulAdd(b1, x, acc1[v]);
-        }
-      }
-      for (int v = 0; v < kWidePvVectors; ++v) {
-        hn::Store(acc0[v], d, a0 + c0 + v * lanes);
-        hn::Store(acc1[v], d, a1 + c0 + v * lanes);
-      }
+  for (; r0 + kWidePvRows <= rows; r0 += kWidePvRows) pv_wide_block<kWidePvRows>(d, sc, r0, d_size, n);
+  if constexpr (kWidePvRows > 2) {
+    if (rows - r0 >= 2) {
+      pv_wide_block<2>(d, sc, r0, d_size, n);
+      r0 += 2;
     }
   }
-  if (r0 < rows) {  // an odd last row
-    float* a = sc.acc + r0 * d_size;
-    const float* prob = sc.s + r0 * kTileKeys;
-    const auto alpha = hn::Set(d, sc.alpha[r0]);
-    for (int c = 0; c < d_size; c += lanes) {
-      auto acc = hn::Mul(hn::Load(d, a + c), alpha);
-      for (int i = 0; i < n; ++i) acc = hn::MulAdd(hn::Set(d, prob[i]), hn::Load(d, sc.vf + i * d_size + c), acc);
-      hn::Store(acc, d, a + c);
-    }
-  }
+  if (r0 < rows) pv_wide_block<1>(d, sc, r0, d_size, n);
 }
 
 // ---- the chunked decode path (few rows) ------------------------------------------
