@@ -396,9 +396,11 @@ void scores_transposed(D d, const Scratch& sc, int rows, int d_size, int n, cons
 #include "backends/cpu_attn/kernels/cpu_attn_kernel_avx3-inl.h"
 
 // Soft cap, ALiBi and masks on the score tile, then the online-softmax update:
-// S becomes P = exp(S - m_new), alpha = exp(m_old - m_new).
+// S becomes P = exp(S - m_new) (times prob_scale, kChunkRescale; l sums the
+// unscaled P), alpha = exp(m_old - m_new).
 template <class D>
-void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n) {
+void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
+                  float prob_scale = 1.0f) {
   const hn::RebindToSigned<D> di;
   const int lanes = static_cast<int>(hn::Lanes(d));
   const bool soft_cap = p.soft_cap > 0.0f;
@@ -443,9 +445,10 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
     const float m_new = std::max(m_old, hn::GetLane(hn::MaxOfLanes(d, vmax)));
     const auto vm = hn::Set(d, m_new);
     auto vsum = hn::Zero(d);
+    const auto vscale = hn::Set(d, prob_scale);
     for (int i = 0; i < kTileKeys; i += lanes) {
       const auto pv = hn::Exp(d, hn::Sub(hn::Load(d, srow + i), vm));  // exp(-inf) = 0 for masked keys
-      hn::Store(pv, d, srow + i);
+      hn::Store(hn::Mul(pv, vscale), d, srow + i);
       vsum = hn::Add(vsum, pv);
     }
     const float alpha = m_old == neg_inf() ? 0.0f : std::exp(m_old - m_new);
@@ -562,18 +565,36 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
 
 // ---- the chunked decode path (few rows) ------------------------------------------
 //
-// A chunk is 2 x Lanes(d) consecutive K/V elements, read as two float vectors.
-// bf16 chunks are read as 32-bit lanes whose low and high halves are already
-// the even and odd elements' float bits (one shift or mask each instead of a
-// widening conversion); the query rows and the accumulator are kept in the
-// same even/odd order and the accumulator is put back in order at the end.
-// Other dtypes keep their order. Scores take several keys per pass and P V
-// several chunks per pass, so every K/V load feeds all rows of a block and
+// A chunk is 2 x Lanes(d) K/V elements, read as two float vectors. bf16 is
+// read as 32-bit lanes whose low and high halves are already the even and odd
+// elements' float bits (one shift or mask each instead of a widening
+// conversion); e4m3 on AVX2 as 32-bit lanes of four values, one float vector
+// per byte position (E4M3Byte). A block of kChunkWays<KV> x Lanes(d) elements
+// is then read in an interleaved order; the query rows and the accumulator are
+// kept in the same order and the accumulator is put back at the end. Other
+// dtypes keep their order. Scores take several keys per pass and P V several
+// chunks per pass, so every K/V load feeds all rows of a block and
 // kDecodeAccumulators independent FMA chains are in flight.
 constexpr int kDecodeAccumulators = 8;
 
+// Float vectors one load of a block yields (1: head-dimension order).
 template <DType KV>
-constexpr bool kEvenOddChunks = KV == DType::BF16;
+constexpr int kChunkWays = KV == DType::BF16 ? 2 : (KV == DType::FP8_E4M3 && HWY_TARGET == HWY_AVX2) ? 4 : 1;
+
+// Elements of the blocks the chunked path walks (head sizes must divide).
+template <DType KV>
+int chunk_block(int lanes) {
+  return std::max(2, kChunkWays<KV>) * lanes;
+}
+
+// E4M3Byte's floats read 2^-120 times the e4m3 value, the item's K and V
+// scales assume 2^-8 (kE4M3HalfRescale): the scores and the probabilities
+// take the difference.
+constexpr float kE4M3WideToHalf = 0x1p112f;
+
+// What the chunked path multiplies scores and probabilities by.
+template <DType KV>
+constexpr float kChunkRescale = kChunkWays<KV> == 4 ? kE4M3WideToHalf : 1.0f;
 
 // e4m3 without the NaN code: a sign-extended byte shifted into an IEEE half
 // reads 2^-8 too small (the item's kE4M3HalfRescale), like LoadKV's, once the
@@ -591,37 +612,82 @@ HWY_INLINE hn::Vec<D> LoadE4M3NanFree(D d, const unsigned char* p) {
   return hn::PromoteTo(d, hn::BitCast(dh, half_bits));
 }
 
+// e4m3 values as float bits, byte kByte of each 32-bit lane: moved to the top
+// byte and shifted right arithmetically by 4, the sign stays in bit 31 and
+// exponent and mantissa land in the float's low exponent and top mantissa
+// bits; the mask clears the sign copies. The float reads 2^-120 times the
+// value, e4m3 subnormals as float subnormals (Zen FMAs take those at full
+// speed, docs/perf.md attempt 28). Two or three integer operations per 8
+// values and no conversion instruction (LoadE4M3NanFree's sign extension and
+// half-to-float both take FMA-pipe cycles). kNanFree: the tile holds no NaN
+// code, else its lanes become NaN.
+template <int kByte, bool kNanFree, class D>
+HWY_INLINE hn::Vec<D> E4M3Byte(D d, hn::Vec<hn::RebindToSigned<D>> lanes) {
+  const hn::RebindToSigned<D> di;
+  constexpr std::int32_t kFloatFields = static_cast<std::int32_t>(0x87F00000u);  // sign, 4 + 3 low bits
+  constexpr std::int32_t kNanBits = 0x07F00000;                                 // S.1111.111 there
+  constexpr std::int32_t kMagnitude = 0x7FFFFFFF;
+  constexpr int kToTopByte = 24 - 8 * kByte;
+  const auto bits = hn::And(hn::ShiftRight<4>(hn::ShiftLeft<kToTopByte>(lanes)), hn::Set(di, kFloatFields));
+  const auto v = hn::BitCast(d, bits);
+  if constexpr (kNanFree) return v;
+  const auto is_nan = hn::Eq(hn::And(bits, hn::Set(di, kMagnitude)), hn::Set(di, kNanBits));
+  return hn::IfThenElse(hn::RebindMask(d, is_nan), hn::Set(d, std::numeric_limits<float>::quiet_NaN()), v);
+}
+
+// The 4-way block (kChunkWays 4) holding element c of a row, as 32-bit lanes.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToSigned<D>> LoadE4M3Block(D d, const unsigned char* row, int c) {
+  const hn::RebindToSigned<D> di;
+  const int block = 4 * static_cast<int>(hn::Lanes(d));
+  return hn::LoadU(di, reinterpret_cast<const std::int32_t*>(row + c / block * block));
+}
+
+// The two float vectors of the chunk at element c of a row (chunk order).
 // kNanFree: the tile holds no e4m3 NaN code (tile_decode checked).
 template <DType KV, bool kNanFree, class D>
-HWY_INLINE void LoadChunk(D d, const unsigned char* p, hn::Vec<D>& a, hn::Vec<D>& b) {
-  if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
+HWY_INLINE void LoadChunk(D d, const unsigned char* row, int c, hn::Vec<D>& a, hn::Vec<D>& b) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const unsigned char* p = row + static_cast<std::size_t>(c) * dtype_size(KV);
+  if constexpr (kChunkWays<KV> == 4) {
+    const auto block = LoadE4M3Block(d, row, c);
+    if (c % (4 * lanes) == 0) {
+      a = E4M3Byte<0, kNanFree>(d, block);
+      b = E4M3Byte<1, kNanFree>(d, block);
+    } else {
+      a = E4M3Byte<2, kNanFree>(d, block);
+      b = E4M3Byte<3, kNanFree>(d, block);
+    }
+  } else if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
     a = LoadE4M3NanFree(d, p);
-    b = LoadE4M3NanFree(d, p + hn::Lanes(d));
-  } else if constexpr (kEvenOddChunks<KV>) {
+    b = LoadE4M3NanFree(d, p + lanes);
+  } else if constexpr (kChunkWays<KV> == 2) {
     const hn::RebindToUnsigned<D> du;
     const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
     a = hn::BitCast(d, hn::ShiftLeft<16>(u));
     b = hn::BitCast(d, hn::And(u, hn::Set(du, 0xFFFF0000u)));
   } else {
     a = LoadKV<KV>(d, p);
-    b = LoadKV<KV>(d, p + hn::Lanes(d) * dtype_size(KV));
+    b = LoadKV<KV>(d, p + lanes * dtype_size(KV));
   }
 }
 
 // Puts each row of x [rows, d_size] into chunk order (forward) or back into
-// head-dimension order; tmp holds one row.
+// head-dimension order; tmp holds one row. In a block, lane j of vector k
+// holds element kWays j + k.
 template <DType KV>
 void reorder_rows(float* x, float* tmp, int rows, int d_size, int lanes, bool forward) {
-  if constexpr (kEvenOddChunks<KV>) {
-    const int chunk = 2 * lanes;
+  constexpr int kWays = kChunkWays<KV>;
+  if constexpr (kWays > 1) {
+    const int block = kWays * lanes;
     for (int r = 0; r < rows; ++r) {
       float* row = x + r * d_size;
       std::copy(row, row + d_size, tmp);
-      for (int c = 0; c < d_size; c += chunk) {
+      for (int c = 0; c < d_size; c += block) {
         for (int j = 0; j < lanes; ++j) {
-          for (int half = 0; half < 2; ++half) {
-            const int ordered = c + 2 * j + half;
-            const int chunked = c + half * lanes + j;
+          for (int k = 0; k < kWays; ++k) {
+            const int ordered = c + kWays * j + k;
+            const int chunked = c + k * lanes + j;
             row[forward ? chunked : ordered] = tmp[forward ? ordered : chunked];
           }
         }
@@ -643,7 +709,6 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
   // of the pass's keys stay in registers instead, and the rows stream.
   constexpr bool kKeysInRegisters = kR == kRowBlock;
   const int lanes = static_cast<int>(hn::Lanes(d));
-  const std::size_t esize = dtype_size(KV);
   const float* q[kR];
   for (int r = 0; r < kR; ++r) q[r] = sc.q + (r0 + r) * d_size;
   for (int i0 = 0; i0 < n; i0 += kKeys) {
@@ -658,7 +723,7 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
       if constexpr (kKeysInRegisters) {
         hn::Vec<D> ka[kKeys];
         hn::Vec<D> kb[kKeys];
-        for (int j = 0; j < kKeys; ++j) LoadChunk<KV, kNanFree>(d, k[j] + c * esize, ka[j], kb[j]);
+        for (int j = 0; j < kKeys; ++j) LoadChunk<KV, kNanFree>(d, k[j], c, ka[j], kb[j]);
         for (int r = 0; r < kR; ++r) {
           const auto qa = hn::LoadU(d, q[r] + c);
           const auto qb = hn::LoadU(d, q[r] + c + lanes);
@@ -674,9 +739,14 @@ void scores_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsi
         for (int j = 0; j < kKeys; ++j) {
           hn::Vec<D> ka;
           hn::Vec<D> kb;
-          LoadChunk<KV, kNanFree>(d, k[j] + c * esize, ka, kb);
+          LoadChunk<KV, kNanFree>(d, k[j], c, ka, kb);
           for (int r = 0; r < kR; ++r) acc[r][j] = hn::MulAdd(qb[r], kb, hn::MulAdd(qa[r], ka, acc[r][j]));
         }
+      }
+    }
+    if constexpr (kChunkRescale<KV> != 1.0f) {
+      for (auto& row : acc) {
+        for (auto& a : row) a = hn::Mul(a, hn::Set(d, kChunkRescale<KV>));
       }
     }
     const int keys = std::min(kKeys, n - i0);
@@ -711,7 +781,6 @@ template <DType KV, bool kNanFree, int kR, int kChunks, class D>
 void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
                const ProbLayout& probs) {
   const int lanes = static_cast<int>(hn::Lanes(d));
-  const std::size_t esize = dtype_size(KV);
   float* a[kR];
   const float* prob[kR];
   for (int r = 0; r < kR; ++r) {
@@ -731,7 +800,7 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
       for (int ch = 0; ch < kChunks; ++ch) {
         hn::Vec<D> va;
         hn::Vec<D> vb;
-        LoadChunk<KV, kNanFree>(d, v_rows[i] + (c0 + 2 * ch * lanes) * esize, va, vb);
+        LoadChunk<KV, kNanFree>(d, v_rows[i], c0 + 2 * ch * lanes, va, vb);
         for (int r = 0; r < kR; ++r) {
           acc[r][2 * ch] = hn::MulAdd(pr[r], va, acc[r][2 * ch]);
           acc[r][2 * ch + 1] = hn::MulAdd(pr[r], vb, acc[r][2 * ch + 1]);
@@ -785,11 +854,17 @@ HWY_INLINE __m256 SumLanes8(const __m256 (&a)[8]) {
 // meets the same row's other key.
 HWY_INLINE __m256 SwapHalves(__m256 v) { return _mm256_permute2f128_ps(v, v, 1); }
 
-// The two float vectors of a chunk, one at a time (for the register budget of
-// scores_quad): half 0 = the first (even-order) vector, half 1 the second.
+// The two float vectors of the chunk at element c of a row, one at a time
+// (for the register budget of scores_quad): half 0 = the first vector, half 1
+// the second.
 template <DType KV, bool kNanFree, int kHalf, class D>
-HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* p) {
-  if constexpr (kEvenOddChunks<KV>) {
+HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* row, int c) {
+  const unsigned char* p = row + static_cast<std::size_t>(c) * dtype_size(KV);
+  if constexpr (kChunkWays<KV> == 4) {
+    const auto block = LoadE4M3Block(d, row, c);
+    if (c % (4 * static_cast<int>(hn::Lanes(d))) == 0) return E4M3Byte<kHalf, kNanFree>(d, block);
+    return E4M3Byte<2 + kHalf, kNanFree>(d, block);
+  } else if constexpr (kChunkWays<KV> == 2) {
     // bf16 pairs as 32-bit lanes: the even value's float bits are the low half
     // shifted up, the odd value's the high half with the low one cleared (two
     // shifts: no mask register).
@@ -813,7 +888,6 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
                  const TilePrefetch* ahead) {
   constexpr int kKeys = 3;
   const int lanes = static_cast<int>(hn::Lanes(d));
-  const std::size_t esize = dtype_size(KV);
   const float* q[kRowBlock];
   for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + r) * d_size;
   for (int i0 = 0; i0 < n; i0 += kKeys) {
@@ -826,12 +900,12 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
     }
     for (int c = 0; c < d_size; c += 2 * lanes) {
       hn::Vec<D> kv[kKeys];
-      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 0>(d, k[j] + c * esize);
+      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 0>(d, k[j], c);
       for (int r = 0; r < kRowBlock; ++r) {
         const auto qa = hn::LoadU(d, q[r] + c);
         for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qa, kv[j], acc[j][r]);
       }
-      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 1>(d, k[j] + c * esize);
+      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 1>(d, k[j], c);
       for (int r = 0; r < kRowBlock; ++r) {
         const auto qb = hn::LoadU(d, q[r] + c + lanes);
         for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qb, kv[j], acc[j][r]);
@@ -839,8 +913,10 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
     }
     const __m256 first_two[2 * kRowBlock] = {acc[0][0].raw, acc[0][1].raw, acc[0][2].raw, acc[0][3].raw,
                                               acc[1][0].raw, acc[1][1].raw, acc[1][2].raw, acc[1][3].raw};
-    _mm256_storeu_ps(st + i0 * kRowBlock, SumLanes8(first_two));
-    _mm_storeu_ps(st + (i0 + 2) * kRowBlock, SumLanes4(acc[2][0].raw, acc[2][1].raw, acc[2][2].raw, acc[2][3].raw));
+    const __m256 sums01 = SumLanes8(first_two);
+    const __m128 sums2 = SumLanes4(acc[2][0].raw, acc[2][1].raw, acc[2][2].raw, acc[2][3].raw);
+    _mm256_storeu_ps(st + i0 * kRowBlock, _mm256_mul_ps(sums01, _mm256_set1_ps(kChunkRescale<KV>)));
+    _mm_storeu_ps(st + (i0 + 2) * kRowBlock, _mm_mul_ps(sums2, _mm_set1_ps(kChunkRescale<KV>)));
   }
 }
 
@@ -848,7 +924,8 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
 // vector is row r0 + l % 4 at key 2 v + l / 4. Rows with no visible key in
 // the tile keep m and l (alpha 1) and get P = 0.
 template <class D>
-void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int t0, int n, float* st) {
+void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int t0, int n, float* st,
+                  float prob_scale) {
   const hn::RebindToSigned<D> di;
   constexpr int kLanes = 2 * kRowBlock;
   alignas(32) std::int32_t lo_minus_one[kLanes];
@@ -901,9 +978,10 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
   const auto no_max = hn::Eq(vm_new, minus_inf);
   const auto vm_sub = hn::IfThenZeroElse(no_max, vm_new);
   auto vsum = hn::Zero(d);
+  const auto vscale = hn::Set(d, prob_scale);
   for (int v = 0; v < vectors; ++v) {
     const auto pv = hn::Exp(d, hn::Sub(hn::LoadU(d, st + v * kLanes), vm_sub));
-    hn::StoreU(pv, d, st + v * kLanes);
+    hn::StoreU(hn::Mul(pv, vscale), d, st + v * kLanes);
     vsum = hn::Add(vsum, pv);
   }
   const auto alpha = hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub)));
@@ -925,7 +1003,7 @@ void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int row
     float* st = sc.s + r0 * kTileKeys;  // [kTileKeys, 4]: the block's kTileKeys x 4 floats
     const TilePrefetch* block_ahead = r0 == 0 ? &ahead : nullptr;
     scores_quad<KV, kNanFree>(d, sc, r0, p.head_size, n, k_rows, st, block_ahead);
-    softmax_quad(d, p, sc, r0, t0, n, st);
+    softmax_quad(d, p, sc, r0, t0, n, st, kChunkRescale<KV>);
     pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, p.head_size, n, v_rows,
                                              ProbLayout{st, 1, kRowBlock});
   }
@@ -967,7 +1045,7 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
   }
   if (rows - r0 >= 2) scores_decode<KV, kNanFree, 2>(d, sc, r0, d_size, n, k_rows, block_ahead(r0));
   if ((rows - r0) % 2 == 1) scores_decode<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, k_rows, block_ahead(rows - 1));
-  softmax_tile(d, p, sc, rows, t0, n);
+  softmax_tile(d, p, sc, rows, t0, n, kChunkRescale<KV>);
   const auto row_major = [&](int first) { return ProbLayout{sc.s + first * kTileKeys}; };
   for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) {
     pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0));
@@ -1055,7 +1133,7 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
 #endif
   const int lanes = static_cast<int>(hn::Lanes(d));
   // The chunked decode path; AVX-512 keeps its own decode paths.
-  const bool chunked = HWY_TARGET != HWY_AVX3 && !packed && d_size % (2 * lanes) == 0;
+  const bool chunked = HWY_TARGET != HWY_AVX3 && !packed && d_size % chunk_block<KV>(lanes) == 0;
   if (chunked) reorder_rows<KV>(sc.q, sc.tmp, shape.rows, d_size, lanes, true);
   std::fill(sc.acc, sc.acc + static_cast<std::size_t>(shape.rows) * d_size, 0.0f);
   std::fill(sc.m, sc.m + shape.rows, neg_inf());
