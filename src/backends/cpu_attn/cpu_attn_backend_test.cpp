@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/metadata.h>
+#include <pagedattn/scalar.h>
 
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/thread_pool.h"
@@ -210,6 +211,128 @@ TEST(CpuAttnBackendTest, E4m3NanCodeInTheCacheGivesNaN) {
       const bool sees_nan = i < Problem::kHeads * Problem::kHeadSize &&  // token 0, the decode of request 0
                             head < Problem::kHeads / Problem::kKvHeads && i % Problem::kHeadSize == kNanDim;
       ASSERT_EQ(std::isnan(o[i]), sees_nan) << cpu_attn::isa_name(isa) << " element " << i;
+    }
+  }
+  cpu_attn::set_isa(saved);
+}
+
+// An fp8 e4m3 cache for Problem, K and V zero, unit scales.
+struct E4m3Cache {
+  Tensor cache;
+  KVCacheView kv;
+  LayerQuantState layer;
+
+  E4m3Cache() {
+    cache = Tensor::zeros(kBackend.kv_cache_shape(Problem::kBlocks, Problem::kBlockSize, Problem::kKvHeads,
+                                                  Problem::kHeadSize, CacheDType::Fp8E4M3),
+                          DType::FP8_E4M3);
+    kv = kBackend.unbind_kv_cache(cache);
+    layer.k_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+    layer.v_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  }
+
+  // The element of `part` (key or value) at token t (request 0: blocks 0, 1, ...).
+  static std::uint8_t& at(const TensorView& part, int t, int kv_head, int dim) {  // [NB, BS, Hkv, D]
+    auto* base = static_cast<std::uint8_t*>(part.data());
+    return base[t / Problem::kBlockSize * part.stride(0) + t % Problem::kBlockSize * part.stride(1) +
+                kv_head * part.stride(2) + dim * part.stride(3)];
+  }
+
+  // Output of one decode over `keys` tokens of request 0, as floats [H, D].
+  std::vector<float> decode(Problem& pr, const Tensor& query, int keys) const {
+    BuilderParams bp;
+    bp.block_size = Problem::kBlockSize;
+    bp.num_kv_heads = Problem::kKvHeads;
+    bp.head_size = Problem::kHeadSize;
+    const auto md = kBackend.make_builder(bp)->build(pr.metadata({{1, keys}}));
+    const Tensor out = Tensor::zeros({1, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+    kBackend.make_impl(pr.params)->forward(layer, query, {}, {}, kv, *md, out, {});
+    return to_float_vector(out);
+  }
+};
+
+float e4m3_value(std::uint8_t code) { return load_as_float(&code, DType::FP8_E4M3); }
+
+// Every finite e4m3 code read as V comes out exact, on every ISA: a V column
+// holding one code for all keys, under uniform attention (zero query), is
+// that code's value, which bf16 holds exactly. (The AVX2 decode reads e4m3 as
+// float bits, its subnormals as float subnormals.)
+TEST(CpuAttnBackendTest, E4m3ValuesReadExactly) {
+  constexpr int kKeys = 256;
+  constexpr int kCodesPerRun = Problem::kKvHeads * Problem::kHeadSize;
+  constexpr std::uint8_t kMagnitude = 0x7F;  // the NaN code's magnitude bits
+  Problem pr;
+  pr.params.kv_cache_dtype = CacheDType::Fp8E4M3;
+  pr.params.sinks.clear();
+  E4m3Cache c;
+  const Tensor query = Tensor::zeros({1, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+  const cpu_attn::Isa saved = cpu_attn::active_isa();
+  for (int first_code = 0; first_code < 256; first_code += kCodesPerRun) {
+    const auto code_of = [&](int kv_head, int dim) {
+      const int code = first_code + kv_head * Problem::kHeadSize + dim;
+      return static_cast<std::uint8_t>((code & kMagnitude) == kMagnitude ? 0 : code);
+    };
+    for (int t = 0; t < kKeys; ++t) {
+      for (int h = 0; h < Problem::kKvHeads; ++h) {
+        for (int e = 0; e < Problem::kHeadSize; ++e) E4m3Cache::at(c.kv.value, t, h, e) = code_of(h, e);
+      }
+    }
+    for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
+      ASSERT_TRUE(cpu_attn::set_isa(isa));
+      const std::vector<float> o = c.decode(pr, query, kKeys);
+      for (int head = 0; head < Problem::kHeads; ++head) {
+        const int kv_head = head / (Problem::kHeads / Problem::kKvHeads);
+        for (int e = 0; e < Problem::kHeadSize; ++e) {
+          ASSERT_EQ(o[head * Problem::kHeadSize + e], e4m3_value(code_of(kv_head, e)))
+              << cpu_attn::isa_name(isa) << " code " << int{code_of(kv_head, e)};
+        }
+      }
+    }
+  }
+  cpu_attn::set_isa(saved);
+}
+
+// The e4m3 codes of exponent field 0 and 1 (subnormals, smallest normals),
+// both signs, read as K: key t holds code t's value in dimension 0 and V is
+// one-hot at dimension t, so output dimension t is key t's attention weight,
+// compared with the weights computed in double from the exact values.
+TEST(CpuAttnBackendTest, E4m3SmallCodesScoreExactly) {
+  constexpr int kSmallCodes = 16;  // 0x00-0x0F, then their negatives 0x80-0x8F
+  constexpr int kKeys = 2 * kSmallCodes;
+  constexpr std::uint8_t kSign = 0x80;
+  constexpr std::uint8_t kOne = 0x38;  // 1.0
+  // Scores of up to ~8 (q = 2048 times scale 1/8, keys below 2^-5).
+  constexpr float kQuery = 2048.0f;
+  constexpr double kRelTol = 1e-2;  // the bf16 output
+  Problem pr;
+  pr.params.kv_cache_dtype = CacheDType::Fp8E4M3;
+  pr.params.sinks.clear();
+  E4m3Cache c;
+  std::vector<double> score(kKeys);
+  for (int t = 0; t < kKeys; ++t) {
+    const auto code = static_cast<std::uint8_t>(t < kSmallCodes ? t : kSign | (t - kSmallCodes));
+    for (int h = 0; h < Problem::kKvHeads; ++h) {
+      E4m3Cache::at(c.kv.key, t, h, 0) = code;
+      E4m3Cache::at(c.kv.value, t, h, t) = kOne;
+    }
+    score[static_cast<std::size_t>(t)] = double{kQuery} * pr.params.scale * e4m3_value(code);
+  }
+  const double top = *std::max_element(score.begin(), score.end());
+  double sum = 0.0;
+  for (const double s : score) sum += std::exp(s - top);
+  std::vector<float> q(static_cast<std::size_t>(Problem::kHeads) * Problem::kHeadSize, 0.0f);
+  for (int head = 0; head < Problem::kHeads; ++head) q[static_cast<std::size_t>(head) * Problem::kHeadSize] = kQuery;
+  const Tensor query = Tensor::from_floats(q, {1, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+  const cpu_attn::Isa saved = cpu_attn::active_isa();
+  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
+    ASSERT_TRUE(cpu_attn::set_isa(isa));
+    const std::vector<float> o = c.decode(pr, query, kKeys);
+    for (int head = 0; head < Problem::kHeads; ++head) {
+      for (int t = 0; t < kKeys; ++t) {
+        const double weight = std::exp(score[static_cast<std::size_t>(t)] - top) / sum;
+        EXPECT_NEAR(o[head * Problem::kHeadSize + t], weight, weight * kRelTol)
+            << cpu_attn::isa_name(isa) << " head " << head << " key " << t;
+      }
     }
   }
   cpu_attn::set_isa(saved);
