@@ -12,6 +12,9 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 namespace pagedattn {
 namespace {
@@ -257,7 +260,7 @@ float e4m3_value(std::uint8_t code) { return load_as_float(&code, DType::FP8_E4M
 // holding one code for all keys, under uniform attention (zero query), is
 // that code's value, which bf16 holds exactly. (The AVX2 decode reads e4m3 as
 // float bits, its subnormals as float subnormals.)
-TEST(CpuAttnBackendTest, E4m3ValuesReadExactly) {
+void expect_e4m3_values_exact() {
   constexpr int kKeys = 256;
   constexpr int kCodesPerRun = Problem::kKvHeads * Problem::kHeadSize;
   constexpr std::uint8_t kMagnitude = 0x7F;  // the NaN code's magnitude bits
@@ -291,6 +294,25 @@ TEST(CpuAttnBackendTest, E4m3ValuesReadExactly) {
   }
   cpu_attn::set_isa(saved);
 }
+
+TEST(CpuAttnBackendTest, E4m3ValuesReadExactly) { expect_e4m3_values_exact(); }
+
+#if defined(__x86_64__)
+// The same with flush-to-zero and denormals-are-zero set on the calling
+// thread (torch.set_flush_denormal(True)), which runs the items itself with a
+// one-thread pool: the kernels run under the IEEE defaults.
+TEST(CpuAttnBackendTest, E4m3ValuesReadExactlyUnderFlushToZero) {
+  constexpr unsigned kFlushToZeroAndDenormalsAreZero = 0x8040;
+  const unsigned saved = _mm_getcsr();
+  cpu_attn::ThreadPool::reset_instance(1);
+  _mm_setcsr(saved | kFlushToZeroAndDenormalsAreZero);
+  expect_e4m3_values_exact();
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(saved);
+  cpu_attn::ThreadPool::reset_instance(2);
+  EXPECT_EQ(after & kFlushToZeroAndDenormalsAreZero, kFlushToZeroAndDenormalsAreZero);
+}
+#endif
 
 // The e4m3 codes of exponent field 0 and 1 (subnormals, smallest normals),
 // both signs, read as K: key t holds code t's value in dimension 0 and V is

@@ -2,6 +2,9 @@
 #include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
 
 #include <hwy/targets.h>
+#if HWY_ARCH_X86
+#include <xmmintrin.h>
+#endif
 
 #include <atomic>
 
@@ -141,12 +144,47 @@ bool set_isa(Isa isa) {
   return true;
 }
 
+namespace {
+
+// Runs its scope under the IEEE defaults for SSE/AVX arithmetic, whatever the
+// calling thread set (flush-to-zero and denormals-are-zero, as
+// torch.set_flush_denormal does, or another rounding mode), and puts the
+// caller's mode back: the kernels keep subnormals (the AVX2 e4m3 decode reads
+// e4m3 subnormals as float subnormals) and round to nearest.
+class IeeeFloatMode {
+ public:
+#if HWY_ARCH_X86
+  IeeeFloatMode() : saved_(_mm_getcsr()) {
+    if ((saved_ & kModeBits) != 0) _mm_setcsr(saved_ & ~kModeBits);
+  }
+  ~IeeeFloatMode() {
+    if ((saved_ & kModeBits) != 0) _mm_setcsr(saved_);
+  }
+#endif
+  IeeeFloatMode(const IeeeFloatMode&) = delete;
+  IeeeFloatMode& operator=(const IeeeFloatMode&) = delete;
+
+ private:
+#if HWY_ARCH_X86
+  // MXCSR fields.
+  static constexpr unsigned kFlushToZero = 0x8000;
+  static constexpr unsigned kDenormalsAreZero = 0x0040;
+  static constexpr unsigned kRoundingControl = 0x6000;
+  static constexpr unsigned kModeBits = kFlushToZero | kDenormalsAreZero | kRoundingControl;
+  unsigned saved_;
+#endif
+};
+
+}  // namespace
+
 void run_work_item(const AttentionParams& params, const WorkItem& item, const PartialState& partials,
                    void* scratch) {
+  const IeeeFloatMode mode;
   active_slot().load(std::memory_order_acquire)->table.run_item(params, item, partials, scratch);
 }
 
 void run_merge_item(const AttentionParams& params, const MergeItem& item, const PartialState& partials) {
+  const IeeeFloatMode mode;
   active_slot().load(std::memory_order_acquire)->table.run_merge(params, item, partials);
 }
 
