@@ -360,6 +360,55 @@ TEST(CpuAttnBackendTest, E4m3SmallCodesScoreExactly) {
   cpu_attn::set_isa(saved);
 }
 
+// A NaN in a cached K row makes the whole output row of every query that sees
+// that key NaN, as in the oracle (its softmax weight is NaN), and nothing
+// else: a decode that sees it through split-KV, and the causal prefill
+// queries at or after it (the earlier ones do not see it), on every ISA.
+TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
+  constexpr std::uint16_t kBf16Nan = 0x7FC0;
+  constexpr int kDecodeKeys = 1500;  // request 0: blocks [0, 100), split in two
+  constexpr int kPrefillTokens = 20;
+  constexpr int kPrefillKeys = 300;  // request 1: blocks [100, 200)
+  constexpr int kPrefillNanKey = 290;
+  constexpr int kGroup = Problem::kHeads / Problem::kKvHeads;
+  Problem pr;
+  pr.params.sinks.clear();
+  auto* key = static_cast<std::uint16_t*>(pr.kv.key.data());  // [NB, BS, Hkv, D]
+  const auto set_nan = [&](int block, int slot, int kv_head) {
+    key[block * pr.kv.key.stride(0) + slot * pr.kv.key.stride(1) + kv_head * pr.kv.key.stride(2) +
+        17 * pr.kv.key.stride(3)] = kBf16Nan;
+  };
+  set_nan(3, 5, 0);
+  set_nan(100 + kPrefillNanKey / Problem::kBlockSize, kPrefillNanKey % Problem::kBlockSize, 1);
+  const int tokens = 1 + kPrefillTokens;
+  const Tensor query = pr.random_tensor({tokens, Problem::kHeads, Problem::kHeadSize});
+  const auto common = pr.metadata({{1, kDecodeKeys}, {kPrefillTokens, kPrefillKeys}});
+  const int first_seeing = 1 + kPrefillNanKey - (kPrefillKeys - kPrefillTokens);  // token index
+  const cpu_attn::Isa saved = cpu_attn::active_isa();
+  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
+    ASSERT_TRUE(cpu_attn::set_isa(isa));
+    const Tensor out = Tensor::zeros({tokens, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+    BuilderParams bp;
+    bp.block_size = Problem::kBlockSize;
+    bp.num_kv_heads = Problem::kKvHeads;
+    bp.head_size = Problem::kHeadSize;
+    const auto md = kBackend.make_builder(bp)->build(common);
+    kBackend.make_impl(pr.params)->forward(LayerQuantState{}, query, {}, {}, pr.kv, *md, out, {});
+    const std::vector<float> o = to_float_vector(out);
+    for (int t = 0; t < tokens; ++t) {
+      for (int head = 0; head < Problem::kHeads; ++head) {
+        const int kv_head = head / kGroup;
+        const bool sees_nan = (t == 0 && kv_head == 0) || (t >= first_seeing && kv_head == 1);
+        for (int e = 0; e < Problem::kHeadSize; ++e) {
+          ASSERT_EQ(std::isnan(o[(t * Problem::kHeads + head) * Problem::kHeadSize + e]), sees_nan)
+              << cpu_attn::isa_name(isa) << " token " << t << " head " << head << " element " << e;
+        }
+      }
+    }
+  }
+  cpu_attn::set_isa(saved);
+}
+
 TEST(CpuAttnBackendTest, RejectsBadArgumentsBeforeWriting) {
   Problem pr;
   const auto common = pr.metadata({{2, 20}});

@@ -425,18 +425,24 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
     // A tile the row sees whole (most tiles of a long row) needs no mask.
     const bool whole = lo <= t0 && hi >= t0 + kTileKeys;
     const bool modified = soft_cap || p.alibi_slopes != nullptr;
+    auto nan = hn::FirstN(d, 0);  // a visible score is NaN
     for (int i = 0; i < kTileKeys; i += lanes) {
       auto sv = hn::Load(d, srow + i);
       if (whole && !modified) {
         vmax = hn::Max(vmax, sv);
+        nan = hn::Or(nan, hn::IsNaN(sv));
         continue;
       }
+      const auto raw_nan = hn::IsNaN(sv);
       const auto j = hn::Iota(di, t0 + i);
       if (soft_cap) sv = hn::Mul(cap, hn::Tanh(d, hn::Mul(sv, inv_cap)));
       if (p.alibi_slopes != nullptr) sv = hn::MulAdd(slope, hn::Sub(hn::ConvertTo(d, j), pos), sv);
       if (!whole) {
         const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, vlo_minus_one), hn::Lt(j, vhi)));
         sv = hn::IfThenElse(visible, sv, minus_inf);
+        nan = hn::Or(nan, hn::And(raw_nan, visible));
+      } else {
+        nan = hn::Or(nan, raw_nan);
       }
       hn::Store(sv, d, srow + i);
       vmax = hn::Max(vmax, sv);
@@ -451,7 +457,11 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
       hn::Store(hn::Mul(pv, vscale), d, srow + i);
       vsum = hn::Add(vsum, pv);
     }
-    const float alpha = m_old == neg_inf() ? 0.0f : std::exp(m_old - m_new);
+    // Exp clamps its argument, which turns a NaN score into P = 0: a NaN alpha
+    // makes the row's accumulator and sum NaN instead, as the oracle's are.
+    const float alpha = !hn::AllFalse(d, nan)   ? std::numeric_limits<float>::quiet_NaN()
+                        : m_old == neg_inf() ? 0.0f
+                                             : std::exp(m_old - m_new);
     sc.alpha[r] = alpha;
     sc.l[r] = sc.l[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
     sc.m[r] = m_new;
@@ -961,14 +971,19 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
   auto j = hn::Load(di, key_of_lane);
   const int vectors = (n + 1) / 2;
   auto vmax = minus_inf;
+  auto nan = hn::FirstN(d, 0);  // a visible score is NaN
   for (int v = 0; v < vectors; ++v, j = hn::Add(j, key_step)) {
     auto sv = hn::LoadU(d, st + v * kLanes);
     if (!whole || modified) {
+      const auto raw_nan = hn::IsNaN(sv);
       if (soft_cap) sv = hn::Mul(cap, hn::Tanh(d, hn::Mul(sv, inv_cap)));
       if (p.alibi_slopes != nullptr) sv = hn::MulAdd(vslope, hn::Sub(hn::ConvertTo(d, j), vpos), sv);
       const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, vlo_minus_one), hn::Lt(j, vhi)));
       sv = hn::IfThenElse(visible, sv, minus_inf);
+      nan = hn::Or(nan, hn::And(raw_nan, visible));
       hn::StoreU(sv, d, st + v * kLanes);
+    } else {
+      nan = hn::Or(nan, hn::IsNaN(sv));
     }
     vmax = hn::Max(vmax, sv);
   }
@@ -984,7 +999,11 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
     hn::StoreU(hn::Mul(pv, vscale), d, st + v * kLanes);
     vsum = hn::Add(vsum, pv);
   }
-  const auto alpha = hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub)));
+  // As in softmax_tile, a row with a visible NaN score gets a NaN alpha.
+  const auto nan_lanes = hn::VecFromMask(d, nan);
+  const auto nan_rows = hn::MaskFromVec(hn::Or(nan_lanes, hn::Vec<D>{SwapHalves(nan_lanes.raw)}));
+  const auto alpha = hn::IfThenElse(nan_rows, hn::Set(d, std::numeric_limits<float>::quiet_NaN()),
+                                    hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub))));
   const auto l_new = hn::MulAdd(hn::Load(d, l_old), alpha, hn::Add(vsum, hn::Vec<D>{SwapHalves(vsum.raw)}));
   const hn::CappedTag<float, kRowBlock> d4;
   hn::StoreU(hn::LowerHalf(d4, alpha), d4, sc.alpha + r0);
