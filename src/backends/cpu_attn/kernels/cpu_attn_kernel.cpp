@@ -522,6 +522,26 @@ void accumulate_pv(D d, const Scratch& sc, int rows, int d_size, int n, const un
   }
 }
 
+// The register accumulators of a P V pass: rows r0 .. r0 + kR of sc.acc (a[r]),
+// kV vectors from element c0, rescaled by the rows' alpha on the way in.
+template <int kR, int kV, class D>
+HWY_INLINE void load_rescaled(D d, const Scratch& sc, int r0, float* const (&a)[kR], int c0,
+                              hn::Vec<D> (&acc)[kR][kV]) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  for (int r = 0; r < kR; ++r) {
+    const auto alpha = hn::Set(d, sc.alpha[r0 + r]);
+    for (int v = 0; v < kV; ++v) acc[r][v] = hn::Mul(hn::Load(d, a[r] + c0 + v * lanes), alpha);
+  }
+}
+
+template <int kR, int kV, class D>
+HWY_INLINE void store_accumulators(D d, float* const (&a)[kR], int c0, const hn::Vec<D> (&acc)[kR][kV]) {
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  for (int r = 0; r < kR; ++r) {
+    for (int v = 0; v < kV; ++v) hn::Store(acc[r][v], d, a[r] + c0 + v * lanes);
+  }
+}
+
 // acc = alpha * acc + P V for a converted V tile (prefills), kWidePvRows rows
 // x kWidePvVectors vectors at a time, so each V load feeds kWidePvRows FMAs
 // and each probability broadcast kWidePvVectors (the 4-row loop above is
@@ -543,10 +563,7 @@ void pv_wide_block(D d, const Scratch& sc, int r0, int d_size, int n) {
   }
   for (int c0 = 0; c0 < d_size; c0 += kWidePvVectors * lanes) {
     hn::Vec<D> acc[kR][kWidePvVectors];
-    for (int r = 0; r < kR; ++r) {
-      const auto alpha = hn::Set(d, sc.alpha[r0 + r]);
-      for (int v = 0; v < kWidePvVectors; ++v) acc[r][v] = hn::Mul(hn::Load(d, a[r] + c0 + v * lanes), alpha);
-    }
+    load_rescaled(d, sc, r0, a, c0, acc);
     for (int i = 0; i < n; ++i) {
       const float* vrow = sc.vf + i * d_size + c0;
       for (int r = 0; r < kR; ++r) {
@@ -554,9 +571,7 @@ void pv_wide_block(D d, const Scratch& sc, int r0, int d_size, int n) {
         for (int v = 0; v < kWidePvVectors; ++v) acc[r][v] = hn::MulAdd(b, hn::Load(d, vrow + v * lanes), acc[r][v]);
       }
     }
-    for (int r = 0; r < kR; ++r) {
-      for (int v = 0; v < kWidePvVectors; ++v) hn::Store(acc[r][v], d, a[r] + c0 + v * lanes);
-    }
+    store_accumulators(d, a, c0, acc);
   }
 }
 
@@ -800,10 +815,7 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
   constexpr int kVectors = 2 * kChunks;
   for (int c0 = 0; c0 < d_size; c0 += kVectors * lanes) {
     hn::Vec<D> acc[kR][kVectors];
-    for (int r = 0; r < kR; ++r) {
-      const auto alpha = hn::Set(d, sc.alpha[r0 + r]);
-      for (int v = 0; v < kVectors; ++v) acc[r][v] = hn::Mul(hn::Load(d, a[r] + c0 + v * lanes), alpha);
-    }
+    load_rescaled(d, sc, r0, a, c0, acc);
     for (int i = 0; i < n; ++i) {
       hn::Vec<D> pr[kR];
       for (int r = 0; r < kR; ++r) pr[r] = hn::Set(d, prob[r][i * probs.key_step]);
@@ -817,9 +829,7 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
         }
       }
     }
-    for (int r = 0; r < kR; ++r) {
-      for (int v = 0; v < kVectors; ++v) hn::Store(acc[r][v], d, a[r] + c0 + v * lanes);
-    }
+    store_accumulators(d, a, c0, acc);
   }
 }
 
