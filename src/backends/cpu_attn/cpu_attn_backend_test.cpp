@@ -5,6 +5,7 @@
 #include <pagedattn/metadata.h>
 #include <pagedattn/scalar.h>
 
+#include "backends/cpu_attn/cpu_attn_plan.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/thread_pool.h"
 
@@ -95,7 +96,11 @@ struct Problem {
   static constexpr int kKvHeads = 2;
   static constexpr int kHeadSize = 64;
   static constexpr int kBlockSize = 16;
-  static constexpr int kBlocks = 400;
+  // Each request gets its own blocks, room for two KV splits.
+  static constexpr int kBlocksPerRequest = 2 * cpu_attn::kSplitKeys / kBlockSize;
+  static constexpr int kBlocks = 4 * kBlocksPerRequest;
+  // A decode long enough to be split in two.
+  static constexpr int kLongDecodeKeys = cpu_attn::kSplitKeys * 3 / 2;
 
   AttentionImplParams params;
   Tensor cache;
@@ -122,12 +127,12 @@ struct Problem {
     return Tensor::from_floats(values, shape, DType::BF16);
   }
 
-  // (query_len, seq_len) per request; request r uses blocks [r * 100, r * 100 + 100).
+  // (query_len, seq_len) per request; request r uses blocks
+  // [r * kBlocksPerRequest, (r + 1) * kBlocksPerRequest).
   CommonAttentionMetadata metadata(const std::vector<std::pair<int, int>>& requests, int first_block_set = 0) {
     std::vector<RequestSpec> specs;
     for (std::size_t r = 0; r < requests.size(); ++r) {
       RequestSpec spec{requests[r].first, requests[r].second, {}};
-      constexpr int kBlocksPerRequest = 100;
       const int base = (first_block_set + static_cast<int>(r)) * kBlocksPerRequest;
       for (int b = 0; b < kBlocksPerRequest; ++b) spec.blocks.push_back(base + b);
       specs.push_back(spec);
@@ -154,7 +159,7 @@ struct Problem {
 // Split-KV decodes and tiled prefills give the same bits for any thread count.
 TEST(CpuAttnBackendTest, BitwiseIdenticalForAnyThreadCount) {
   Problem pr;
-  const auto common = pr.metadata({{1, 1500}, {37, 500}, {1, 90}});
+  const auto common = pr.metadata({{1, Problem::kLongDecodeKeys}, {37, 500}, {1, 90}});
   const Tensor query = pr.random_tensor({39, Problem::kHeads, Problem::kHeadSize});
   cpu_attn::ThreadPool::reset_instance(1);
   const auto one = pr.run(common, query);
@@ -170,8 +175,8 @@ TEST(CpuAttnBackendTest, BatchInvariant) {
   const Tensor query = pr.random_tensor({30, Problem::kHeads, Problem::kHeadSize});
   const Tensor last_row = Tensor(query, query.TensorView::slice(0, 29, 30)).clone();
   // The decode alone (its blocks are set 1, as in the batch).
-  const auto alone = pr.run(pr.metadata({{1, 1500}}, 1), last_row);
-  const auto batched = pr.run(pr.metadata({{29, 300}, {1, 1500}}), query);
+  const auto alone = pr.run(pr.metadata({{1, Problem::kLongDecodeKeys}}, 1), last_row);
+  const auto batched = pr.run(pr.metadata({{29, 300}, {1, Problem::kLongDecodeKeys}}), query);
   const std::size_t row_bytes = Problem::kHeads * Problem::kHeadSize * sizeof(std::uint16_t);
   ASSERT_EQ(alone.size(), row_bytes);
   EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batched.end() - static_cast<std::ptrdiff_t>(row_bytes)));
@@ -182,7 +187,7 @@ TEST(CpuAttnBackendTest, BatchInvariant) {
 // without the code the cheap way and must notice it); the rest stays finite.
 TEST(CpuAttnBackendTest, E4m3NanCodeInTheCacheGivesNaN) {
   constexpr std::uint8_t kE4m3Nan = 0x7F;
-  constexpr int kNanBlock = 3;  // a block of request 0 (blocks [0, 100))
+  constexpr int kNanBlock = 3;  // a block of request 0
   constexpr int kNanSlot = 5;
   constexpr int kNanDim = 17;
   constexpr int kTokens = 21;
@@ -202,7 +207,7 @@ TEST(CpuAttnBackendTest, E4m3NanCodeInTheCacheGivesNaN) {
   bp.block_size = Problem::kBlockSize;
   bp.num_kv_heads = Problem::kKvHeads;
   bp.head_size = Problem::kHeadSize;
-  const auto md = kBackend.make_builder(bp)->build(pr.metadata({{1, 1500}, {kTokens - 1, 300}}));
+  const auto md = kBackend.make_builder(bp)->build(pr.metadata({{1, Problem::kLongDecodeKeys}, {kTokens - 1, 300}}));
   const cpu_attn::Isa saved = cpu_attn::active_isa();
   for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
     ASSERT_TRUE(cpu_attn::set_isa(isa));
@@ -366,9 +371,9 @@ TEST(CpuAttnBackendTest, E4m3SmallCodesScoreExactly) {
 // queries at or after it (the earlier ones do not see it), on every ISA.
 TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
   constexpr std::uint16_t kBf16Nan = 0x7FC0;
-  constexpr int kDecodeKeys = 1500;  // request 0: blocks [0, 100), split in two
+  constexpr int kDecodeKeys = Problem::kLongDecodeKeys;  // request 0, split in two
   constexpr int kPrefillTokens = 20;
-  constexpr int kPrefillKeys = 300;  // request 1: blocks [100, 200)
+  constexpr int kPrefillKeys = 300;  // request 1
   constexpr int kPrefillNanKey = 290;
   constexpr int kGroup = Problem::kHeads / Problem::kKvHeads;
   Problem pr;
@@ -379,7 +384,7 @@ TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
         17 * pr.kv.key.stride(3)] = kBf16Nan;
   };
   set_nan(3, 5, 0);
-  set_nan(100 + kPrefillNanKey / Problem::kBlockSize, kPrefillNanKey % Problem::kBlockSize, 1);
+  set_nan(Problem::kBlocksPerRequest + kPrefillNanKey / Problem::kBlockSize, kPrefillNanKey % Problem::kBlockSize, 1);
   const int tokens = 1 + kPrefillTokens;
   const Tensor query = pr.random_tensor({tokens, Problem::kHeads, Problem::kHeadSize});
   const auto common = pr.metadata({{1, kDecodeKeys}, {kPrefillTokens, kPrefillKeys}});

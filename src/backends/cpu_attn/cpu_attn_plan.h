@@ -19,9 +19,12 @@ inline constexpr int kQueryTileTokens = 16;
 // Requests with at most this many query tokens (decodes, short speculative
 // steps) are split along their keys so that all threads share long sequences.
 inline constexpr int kSplitMaxQueryTokens = 8;
-// Keys per split: small enough that one 8k decode gives 8 independent pieces,
-// large enough that the merge (G rows x D per split) stays negligible.
-inline constexpr int kSplitKeys = 1024;
+// Keys per split: small enough that one 8k decode gives 6 independent pieces
+// and a 2k one (the conformance grid's longest) still splits in two; large
+// enough that what each split costs (item setup, its first tile's cold
+// reads, its share of the merge) stays small: at 1024 it measured 5-10% of
+// an 8k decode (docs/perf.md, attempt 30).
+inline constexpr int kSplitKeys = 1536;
 
 struct WorkPlan {
   std::vector<WorkItem> items;    // costliest first (a better dynamic schedule)
