@@ -207,7 +207,8 @@ TEST(CpuAttnBackendTest, E4m3NanCodeInTheCacheGivesNaN) {
   bp.block_size = Problem::kBlockSize;
   bp.num_kv_heads = Problem::kKvHeads;
   bp.head_size = Problem::kHeadSize;
-  const auto md = kBackend.make_builder(bp)->build(pr.metadata({{1, Problem::kLongDecodeKeys}, {kTokens - 1, 300}}));
+  const auto md =
+      kBackend.make_builder(bp)->build(pr.metadata({{1, Problem::kLongDecodeKeys}, {kTokens - 1, 300}}));
   const cpu_attn::Isa saved = cpu_attn::active_isa();
   for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
     ASSERT_TRUE(cpu_attn::set_isa(isa));
@@ -348,7 +349,8 @@ TEST(CpuAttnBackendTest, E4m3SmallCodesScoreExactly) {
   double sum = 0.0;
   for (const double s : score) sum += std::exp(s - top);
   std::vector<float> q(static_cast<std::size_t>(Problem::kHeads) * Problem::kHeadSize, 0.0f);
-  for (int head = 0; head < Problem::kHeads; ++head) q[static_cast<std::size_t>(head) * Problem::kHeadSize] = kQuery;
+  for (int head = 0; head < Problem::kHeads; ++head)
+    q[static_cast<std::size_t>(head) * Problem::kHeadSize] = kQuery;
   const Tensor query = Tensor::from_floats(q, {1, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
   const cpu_attn::Isa saved = cpu_attn::active_isa();
   for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
@@ -384,7 +386,8 @@ TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
         17 * pr.kv.key.stride(3)] = kBf16Nan;
   };
   set_nan(3, 5, 0);
-  set_nan(Problem::kBlocksPerRequest + kPrefillNanKey / Problem::kBlockSize, kPrefillNanKey % Problem::kBlockSize, 1);
+  set_nan(Problem::kBlocksPerRequest + kPrefillNanKey / Problem::kBlockSize,
+          kPrefillNanKey % Problem::kBlockSize, 1);
   const int tokens = 1 + kPrefillTokens;
   const Tensor query = pr.random_tensor({tokens, Problem::kHeads, Problem::kHeadSize});
   const auto common = pr.metadata({{1, kDecodeKeys}, {kPrefillTokens, kPrefillKeys}});

@@ -209,7 +209,8 @@ constexpr int kCacheLine = 64;
 template <int kLocality>
 HWY_INLINE void prefetch_lines(const unsigned char* row, int first_line, int end_line) {
   constexpr int kReadOnly = 0;
-  for (int line = first_line; line < end_line; ++line) __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
+  for (int line = first_line; line < end_line; ++line)
+    __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
 }
 
 template <int kLocality>
@@ -230,7 +231,6 @@ struct TilePrefetch {
   int n = 0;
   int lines = 0;  // cache lines per K/V row
 };
-
 
 // Prefetches the K and V rows of keys [i0, i0 + count) of the tile ahead (in
 // the score loop only: prefetches in the P V loop measured slower).
@@ -459,9 +459,9 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
     }
     // Exp clamps its argument, which turns a NaN score into P = 0: a NaN alpha
     // makes the row's accumulator and sum NaN instead, as the oracle's are.
-    const float alpha = !hn::AllFalse(d, nan)   ? std::numeric_limits<float>::quiet_NaN()
-                        : m_old == neg_inf() ? 0.0f
-                                             : std::exp(m_old - m_new);
+    const float alpha = !hn::AllFalse(d, nan) ? std::numeric_limits<float>::quiet_NaN()
+                        : m_old == neg_inf()  ? 0.0f
+                                              : std::exp(m_old - m_new);
     sc.alpha[r] = alpha;
     sc.l[r] = sc.l[r] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
     sc.m[r] = m_new;
@@ -568,7 +568,8 @@ void pv_wide_block(D d, const Scratch& sc, int r0, int d_size, int n) {
       const float* vrow = sc.vf + i * d_size + c0;
       for (int r = 0; r < kR; ++r) {
         const auto b = hn::Set(d, prob[r][i]);
-        for (int v = 0; v < kWidePvVectors; ++v) acc[r][v] = hn::MulAdd(b, hn::Load(d, vrow + v * lanes), acc[r][v]);
+        for (int v = 0; v < kWidePvVectors; ++v)
+          acc[r][v] = hn::MulAdd(b, hn::Load(d, vrow + v * lanes), acc[r][v]);
       }
     }
     store_accumulators(d, a, c0, acc);
@@ -604,7 +605,9 @@ constexpr int kDecodeAccumulators = 8;
 
 // Float vectors one load of a block yields (1: head-dimension order).
 template <DType KV>
-constexpr int kChunkWays = KV == DType::BF16 ? 2 : (KV == DType::FP8_E4M3 && HWY_TARGET == HWY_AVX2) ? 4 : 1;
+constexpr int kChunkWays = KV == DType::BF16                                   ? 2
+                           : (KV == DType::FP8_E4M3 && HWY_TARGET == HWY_AVX2) ? 4
+                                                                               : 1;
 
 // Elements of the blocks the chunked path walks (head sizes must divide).
 template <DType KV>
@@ -650,7 +653,7 @@ template <int kByte, bool kNanFree, class D>
 HWY_INLINE hn::Vec<D> E4M3Byte(D d, hn::Vec<hn::RebindToSigned<D>> lanes) {
   const hn::RebindToSigned<D> di;
   constexpr std::int32_t kFloatFields = static_cast<std::int32_t>(0x87F00000u);  // sign, 4 + 3 low bits
-  constexpr std::int32_t kNanBits = 0x07F00000;                                 // S.1111.111 there
+  constexpr std::int32_t kNanBits = 0x07F00000;                                  // S.1111.111 there
   constexpr std::int32_t kMagnitude = 0x7FFFFFFF;
   constexpr int kToTopByte = 24 - 8 * kByte;
   const auto bits = hn::And(hn::ShiftRight<4>(hn::ShiftLeft<kToTopByte>(lanes)), hn::Set(di, kFloatFields));
@@ -904,8 +907,8 @@ HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* row, int c) {
 // n - 1 in up to two columns from n on (the next block's scores, or
 // kScorePadFloats, take the one past the tile), which the softmax masks.
 template <DType KV, bool kNanFree, class D>
-void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows, float* st,
-                 const TilePrefetch* ahead) {
+void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows,
+                 float* st, const TilePrefetch* ahead) {
   constexpr int kKeys = 3;
   const int lanes = static_cast<int>(hn::Lanes(d));
   const float* q[kRowBlock];
@@ -1012,8 +1015,9 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
   // As in softmax_tile, a row with a visible NaN score gets a NaN alpha.
   const auto nan_lanes = hn::VecFromMask(d, nan);
   const auto nan_rows = hn::MaskFromVec(hn::Or(nan_lanes, hn::Vec<D>{SwapHalves(nan_lanes.raw)}));
-  const auto alpha = hn::IfThenElse(nan_rows, hn::Set(d, std::numeric_limits<float>::quiet_NaN()),
-                                    hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub))));
+  const auto alpha =
+      hn::IfThenElse(nan_rows, hn::Set(d, std::numeric_limits<float>::quiet_NaN()),
+                     hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub))));
   const auto l_new = hn::MulAdd(hn::Load(d, l_old), alpha, hn::Add(vsum, hn::Vec<D>{SwapHalves(vsum.raw)}));
   const hn::CappedTag<float, kRowBlock> d4;
   hn::StoreU(hn::LowerHalf(d4, alpha), d4, sc.alpha + r0);
@@ -1063,7 +1067,8 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
                       const unsigned char* const* k_rows, const unsigned char* const* v_rows,
                       const TilePrefetch& ahead) {
 #if HWY_TARGET == HWY_AVX2
-  if (rows % kRowBlock == 0) return tile_decode_quads<KV, kNanFree>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
+  if (rows % kRowBlock == 0)
+    return tile_decode_quads<KV, kNanFree>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
 #endif
   const int d_size = p.head_size;
   // The first row block's loops prefetch the next tile.
@@ -1073,7 +1078,8 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
     scores_decode<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, k_rows, block_ahead(r0));
   }
   if (rows - r0 >= 2) scores_decode<KV, kNanFree, 2>(d, sc, r0, d_size, n, k_rows, block_ahead(r0));
-  if ((rows - r0) % 2 == 1) scores_decode<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, k_rows, block_ahead(rows - 1));
+  if ((rows - r0) % 2 == 1)
+    scores_decode<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, k_rows, block_ahead(rows - 1));
   softmax_tile(d, p, sc, rows, t0, n, kChunkRescale<KV>);
   const auto row_major = [&](int first) { return ProbLayout{sc.s + first * kTileKeys}; };
   for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) {
@@ -1087,7 +1093,8 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
 // one. e4m3 tiles without the NaN code (nearly all) take the cheap conversion.
 template <DType KV, class D>
 void tile_decode(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
-                 const unsigned char* const* k_rows, const unsigned char* const* v_rows, const TilePrefetch& ahead) {
+                 const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                 const TilePrefetch& ahead) {
   // HWY_SCALAR has no byte vector wider than its one float lane to scan with.
   if constexpr (KV == DType::FP8_E4M3 && HWY_TARGET != HWY_SCALAR) {
     const hn::Repartition<std::uint8_t, D> du8;
