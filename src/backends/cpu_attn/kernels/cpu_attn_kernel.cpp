@@ -213,10 +213,11 @@ HWY_INLINE void prefetch_lines(const unsigned char* row, int first_line, int end
     __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
 }
 
+int cache_lines(std::size_t bytes) { return static_cast<int>((bytes + kCacheLine - 1) / kCacheLine); }
+
 template <int kLocality>
 void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_bytes) {
-  const int lines = static_cast<int>((row_bytes + kCacheLine - 1) / kCacheLine);
-  for (int i = 0; i < n; ++i) prefetch_lines<kLocality>(rows[i], 0, lines);
+  for (int i = 0; i < n; ++i) prefetch_lines<kLocality>(rows[i], 0, cache_lines(row_bytes));
 }
 
 // The tile after the one computed, for the chunked decode path to prefetch
@@ -1193,8 +1194,7 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
     const int next_n = next < hi ? std::min(kTileKeys, hi - next) : 0;
     if (next_n > 0) tile_pointers(p, item, shape, next, next_n, tile_k[cur ^ 1], tile_v[cur ^ 1]);
     if (chunked) {
-      const TilePrefetch ahead{tile_k[cur ^ 1], tile_v[cur ^ 1], next_n,
-                               static_cast<int>((row_bytes + kCacheLine - 1) / kCacheLine)};
+      const TilePrefetch ahead{tile_k[cur ^ 1], tile_v[cur ^ 1], next_n, cache_lines(row_bytes)};
       tile_decode<KV>(d, p, sc, shape.rows, t0, n, k_rows, v_rows, ahead);
       continue;
     }
