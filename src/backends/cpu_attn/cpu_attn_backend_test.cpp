@@ -22,6 +22,19 @@ namespace {
 
 const CpuAttnBackend kBackend;
 
+// Runs check(isa) with each ISA this CPU runs active, stopping at the first
+// fatal failure, and puts the active ISA back.
+template <class F>
+void for_each_isa(F check) {
+  const cpu_attn::Isa saved = cpu_attn::active_isa();
+  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
+    ASSERT_TRUE(cpu_attn::set_isa(isa));
+    check(isa);
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  cpu_attn::set_isa(saved);
+}
+
 TEST(CpuAttnBackendTest, CapabilitiesAndReasons) {
   SelectorConfig cfg;
   cfg.head_size = 128;
@@ -69,16 +82,13 @@ TEST(CpuAttnBackendTest, PlanKernelNamesTheKernelOrGivesReasons) {
 // whole grid runs per ISA in CTest: conformance.CPU_ATTN.<isa>).
 TEST(CpuAttnBackendTest, ConformanceSliceOnEveryIsa) {
   constexpr std::size_t kEvery = 28; // a spread-out slice keeps the unit test quick
-  const cpu_attn::Isa saved = cpu_attn::active_isa();
   const auto grid = conformance_grid();
-  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
-    ASSERT_TRUE(cpu_attn::set_isa(isa));
+  for_each_isa([&](cpu_attn::Isa isa) {
     for (std::size_t i = 0; i < grid.size(); i += kEvery) {
       const CaseResult r = run_conformance_case(kBackend, grid[i]);
       EXPECT_EQ(r.status, CaseStatus::Passed) << cpu_attn::isa_name(isa) << " " << grid[i].id() << ": " << r.message;
     }
-  }
-  cpu_attn::set_isa(saved);
+  });
 }
 
 TEST(CpuAttnBackendTest, IsaNamesRoundTrip) {
@@ -142,17 +152,54 @@ struct Problem {
     return make_common_metadata(specs, options);
   }
 
-  // Output bytes of `query` ([T, H, D]) attended under `common`.
-  std::vector<std::uint8_t> run(const CommonAttentionMetadata& common, const Tensor& query) {
+  static BuilderParams builder_params() {
     BuilderParams bp;
     bp.block_size = kBlockSize;
     bp.num_kv_heads = kKvHeads;
     bp.head_size = kHeadSize;
-    auto md = kBackend.make_builder(bp)->build(common);
-    auto impl = kBackend.make_impl(params);
+    return bp;
+  }
+
+  // Output [T, H, D] of `query` ([T, H, D]) attended under `common` over
+  // `cache` (this problem's bf16 cache by default).
+  Tensor forward(const CommonAttentionMetadata& common, const Tensor& query, const KVCacheView* cache = nullptr,
+                 const LayerQuantState& layer = {}) const {
+    const auto md = kBackend.make_builder(builder_params())->build(common);
     Tensor out = Tensor::zeros({query.size(0), kHeads, kHeadSize}, DType::BF16);
-    impl->forward(LayerQuantState{}, query, {}, {}, kv, *md, out, {});
-    return to_byte_vector(out);
+    kBackend.make_impl(params)->forward(layer, query, {}, {}, cache != nullptr ? *cache : kv, *md, out, {});
+    return out;
+  }
+
+  std::vector<std::uint8_t> run(const CommonAttentionMetadata& common, const Tensor& query) const {
+    return to_byte_vector(forward(common, query));
+  }
+};
+
+// An fp8 e4m3 cache for Problem, K and V zero, unit scales.
+struct E4m3Cache {
+  Tensor cache;
+  KVCacheView kv;
+  LayerQuantState layer;
+
+  E4m3Cache() {
+    cache = Tensor::zeros(kBackend.kv_cache_shape(Problem::kBlocks, Problem::kBlockSize, Problem::kKvHeads,
+                                                  Problem::kHeadSize, CacheDType::Fp8E4M3),
+                          DType::FP8_E4M3);
+    kv = kBackend.unbind_kv_cache(cache);
+    layer.k_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+    layer.v_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  }
+
+  // The element of `part` (key or value) at token t (request 0: blocks 0, 1, ...).
+  static std::uint8_t& at(const TensorView& part, int t, int kv_head, int dim) {  // [NB, BS, Hkv, D]
+    auto* base = static_cast<std::uint8_t*>(part.data());
+    return base[t / Problem::kBlockSize * part.stride(0) + t % Problem::kBlockSize * part.stride(1) +
+                kv_head * part.stride(2) + dim * part.stride(3)];
+  }
+
+  // Output of `query` ([T, H, D]) under `common` over this cache, as floats.
+  std::vector<float> forward(const Problem& pr, const CommonAttentionMetadata& common, const Tensor& query) const {
+    return to_float_vector(pr.forward(common, query, &kv, layer));
   }
 };
 
@@ -193,72 +240,20 @@ TEST(CpuAttnBackendTest, E4m3NanCodeInTheCacheGivesNaN) {
   constexpr int kTokens = 21;
   Problem pr;
   pr.params.kv_cache_dtype = CacheDType::Fp8E4M3;
-  const Tensor cache = Tensor::zeros(kBackend.kv_cache_shape(Problem::kBlocks, Problem::kBlockSize, Problem::kKvHeads,
-                                                             Problem::kHeadSize, CacheDType::Fp8E4M3),
-                                     DType::FP8_E4M3);
-  const KVCacheView kv = kBackend.unbind_kv_cache(cache);
-  auto* value = static_cast<std::uint8_t*>(kv.value.data());  // [NB, BS, Hkv, D], KV head 0
-  value[kNanBlock * kv.value.stride(0) + kNanSlot * kv.value.stride(1) + kNanDim * kv.value.stride(3)] = kE4m3Nan;
-  LayerQuantState layer;
-  layer.k_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
-  layer.v_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  E4m3Cache c;
+  E4m3Cache::at(c.kv.value, kNanBlock * Problem::kBlockSize + kNanSlot, 0, kNanDim) = kE4m3Nan;
   const Tensor query = pr.random_tensor({kTokens, Problem::kHeads, Problem::kHeadSize});
-  BuilderParams bp;
-  bp.block_size = Problem::kBlockSize;
-  bp.num_kv_heads = Problem::kKvHeads;
-  bp.head_size = Problem::kHeadSize;
-  const auto md =
-      kBackend.make_builder(bp)->build(pr.metadata({{1, Problem::kLongDecodeKeys}, {kTokens - 1, 300}}));
-  const cpu_attn::Isa saved = cpu_attn::active_isa();
-  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
-    ASSERT_TRUE(cpu_attn::set_isa(isa));
-    const Tensor out = Tensor::zeros({kTokens, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
-    kBackend.make_impl(pr.params)->forward(layer, query, {}, {}, kv, *md, out, {});
-    const std::vector<float> o = to_float_vector(out);
+  const auto common = pr.metadata({{1, Problem::kLongDecodeKeys}, {kTokens - 1, 300}});
+  for_each_isa([&](cpu_attn::Isa isa) {
+    const std::vector<float> o = c.forward(pr, common, query);
     for (std::size_t i = 0; i < o.size(); ++i) {
       const auto head = static_cast<int>(i / Problem::kHeadSize % Problem::kHeads);
       const bool sees_nan = i < Problem::kHeads * Problem::kHeadSize &&  // token 0, the decode of request 0
                             head < Problem::kHeads / Problem::kKvHeads && i % Problem::kHeadSize == kNanDim;
       ASSERT_EQ(std::isnan(o[i]), sees_nan) << cpu_attn::isa_name(isa) << " element " << i;
     }
-  }
-  cpu_attn::set_isa(saved);
+  });
 }
-
-// An fp8 e4m3 cache for Problem, K and V zero, unit scales.
-struct E4m3Cache {
-  Tensor cache;
-  KVCacheView kv;
-  LayerQuantState layer;
-
-  E4m3Cache() {
-    cache = Tensor::zeros(kBackend.kv_cache_shape(Problem::kBlocks, Problem::kBlockSize, Problem::kKvHeads,
-                                                  Problem::kHeadSize, CacheDType::Fp8E4M3),
-                          DType::FP8_E4M3);
-    kv = kBackend.unbind_kv_cache(cache);
-    layer.k_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
-    layer.v_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
-  }
-
-  // The element of `part` (key or value) at token t (request 0: blocks 0, 1, ...).
-  static std::uint8_t& at(const TensorView& part, int t, int kv_head, int dim) {  // [NB, BS, Hkv, D]
-    auto* base = static_cast<std::uint8_t*>(part.data());
-    return base[t / Problem::kBlockSize * part.stride(0) + t % Problem::kBlockSize * part.stride(1) +
-                kv_head * part.stride(2) + dim * part.stride(3)];
-  }
-
-  // Output of one decode over `keys` tokens of request 0, as floats [H, D].
-  std::vector<float> decode(Problem& pr, const Tensor& query, int keys) const {
-    BuilderParams bp;
-    bp.block_size = Problem::kBlockSize;
-    bp.num_kv_heads = Problem::kKvHeads;
-    bp.head_size = Problem::kHeadSize;
-    const auto md = kBackend.make_builder(bp)->build(pr.metadata({{1, keys}}));
-    const Tensor out = Tensor::zeros({1, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
-    kBackend.make_impl(pr.params)->forward(layer, query, {}, {}, kv, *md, out, {});
-    return to_float_vector(out);
-  }
-};
 
 float e4m3_value(std::uint8_t code) { return load_as_float(&code, DType::FP8_E4M3); }
 
@@ -275,7 +270,7 @@ void expect_e4m3_values_exact() {
   pr.params.sinks.clear();
   E4m3Cache c;
   const Tensor query = Tensor::zeros({1, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
-  const cpu_attn::Isa saved = cpu_attn::active_isa();
+  const auto common = pr.metadata({{1, kKeys}});
   for (int first_code = 0; first_code < 256; first_code += kCodesPerRun) {
     const auto code_of = [&](int kv_head, int dim) {
       const int code = first_code + kv_head * Problem::kHeadSize + dim;
@@ -286,9 +281,8 @@ void expect_e4m3_values_exact() {
         for (int e = 0; e < Problem::kHeadSize; ++e) E4m3Cache::at(c.kv.value, t, h, e) = code_of(h, e);
       }
     }
-    for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
-      ASSERT_TRUE(cpu_attn::set_isa(isa));
-      const std::vector<float> o = c.decode(pr, query, kKeys);
+    for_each_isa([&](cpu_attn::Isa isa) {
+      const std::vector<float> o = c.forward(pr, common, query);
       for (int head = 0; head < Problem::kHeads; ++head) {
         const int kv_head = head / (Problem::kHeads / Problem::kKvHeads);
         for (int e = 0; e < Problem::kHeadSize; ++e) {
@@ -296,9 +290,9 @@ void expect_e4m3_values_exact() {
               << cpu_attn::isa_name(isa) << " code " << int{code_of(kv_head, e)};
         }
       }
-    }
+    });
+    if (::testing::Test::HasFatalFailure()) return;
   }
-  cpu_attn::set_isa(saved);
 }
 
 TEST(CpuAttnBackendTest, E4m3ValuesReadExactly) { expect_e4m3_values_exact(); }
@@ -352,10 +346,9 @@ TEST(CpuAttnBackendTest, E4m3SmallCodesScoreExactly) {
   for (int head = 0; head < Problem::kHeads; ++head)
     q[static_cast<std::size_t>(head) * Problem::kHeadSize] = kQuery;
   const Tensor query = Tensor::from_floats(q, {1, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
-  const cpu_attn::Isa saved = cpu_attn::active_isa();
-  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
-    ASSERT_TRUE(cpu_attn::set_isa(isa));
-    const std::vector<float> o = c.decode(pr, query, kKeys);
+  const auto common = pr.metadata({{1, kKeys}});
+  for_each_isa([&](cpu_attn::Isa isa) {
+    const std::vector<float> o = c.forward(pr, common, query);
     for (int head = 0; head < Problem::kHeads; ++head) {
       for (int t = 0; t < kKeys; ++t) {
         const double weight = std::exp(score[static_cast<std::size_t>(t)] - top) / sum;
@@ -363,8 +356,7 @@ TEST(CpuAttnBackendTest, E4m3SmallCodesScoreExactly) {
             << cpu_attn::isa_name(isa) << " head " << head << " key " << t;
       }
     }
-  }
-  cpu_attn::set_isa(saved);
+  });
 }
 
 // A NaN in a cached K row makes the whole output row of every query that sees
@@ -392,17 +384,8 @@ TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
   const Tensor query = pr.random_tensor({tokens, Problem::kHeads, Problem::kHeadSize});
   const auto common = pr.metadata({{1, kDecodeKeys}, {kPrefillTokens, kPrefillKeys}});
   const int first_seeing = 1 + kPrefillNanKey - (kPrefillKeys - kPrefillTokens);  // token index
-  const cpu_attn::Isa saved = cpu_attn::active_isa();
-  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
-    ASSERT_TRUE(cpu_attn::set_isa(isa));
-    const Tensor out = Tensor::zeros({tokens, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
-    BuilderParams bp;
-    bp.block_size = Problem::kBlockSize;
-    bp.num_kv_heads = Problem::kKvHeads;
-    bp.head_size = Problem::kHeadSize;
-    const auto md = kBackend.make_builder(bp)->build(common);
-    kBackend.make_impl(pr.params)->forward(LayerQuantState{}, query, {}, {}, pr.kv, *md, out, {});
-    const std::vector<float> o = to_float_vector(out);
+  for_each_isa([&](cpu_attn::Isa isa) {
+    const std::vector<float> o = to_float_vector(pr.forward(common, query));
     for (int t = 0; t < tokens; ++t) {
       for (int head = 0; head < Problem::kHeads; ++head) {
         const int kv_head = head / kGroup;
@@ -413,18 +396,13 @@ TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
         }
       }
     }
-  }
-  cpu_attn::set_isa(saved);
+  });
 }
 
 TEST(CpuAttnBackendTest, RejectsBadArgumentsBeforeWriting) {
   Problem pr;
   const auto common = pr.metadata({{2, 20}});
-  BuilderParams bp;
-  bp.block_size = Problem::kBlockSize;
-  bp.num_kv_heads = Problem::kKvHeads;
-  bp.head_size = Problem::kHeadSize;
-  auto md = kBackend.make_builder(bp)->build(common);
+  auto md = kBackend.make_builder(Problem::builder_params())->build(common);
   auto impl = kBackend.make_impl(pr.params);
   Tensor out = Tensor::zeros({2, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
   const Tensor wrong_dtype = Tensor::zeros({2, Problem::kHeads, Problem::kHeadSize}, DType::F32);
