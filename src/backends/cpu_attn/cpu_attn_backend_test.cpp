@@ -81,7 +81,7 @@ TEST(CpuAttnBackendTest, PlanKernelNamesTheKernelOrGivesReasons) {
 // Every compiled ISA this CPU runs passes a slice of the conformance grid (the
 // whole grid runs per ISA in CTest: conformance.CPU_ATTN.<isa>).
 TEST(CpuAttnBackendTest, ConformanceSliceOnEveryIsa) {
-  constexpr std::size_t kEvery = 28; // a spread-out slice keeps the unit test quick
+  constexpr std::size_t kEvery = 28;  // a spread-out slice keeps the unit test quick
   const auto grid = conformance_grid();
   for_each_isa([&](cpu_attn::Isa isa) {
     for (std::size_t i = 0; i < grid.size(); i += kEvery) {
@@ -162,8 +162,8 @@ struct Problem {
 
   // Output [T, H, D] of `query` ([T, H, D]) attended under `common` over
   // `cache` (this problem's bf16 cache by default).
-  Tensor forward(const CommonAttentionMetadata& common, const Tensor& query, const KVCacheView* cache = nullptr,
-                 const LayerQuantState& layer = {}) const {
+  Tensor forward(const CommonAttentionMetadata& common, const Tensor& query,
+                 const KVCacheView* cache = nullptr, const LayerQuantState& layer = {}) const {
     const auto md = kBackend.make_builder(builder_params())->build(common);
     Tensor out = Tensor::zeros({query.size(0), kHeads, kHeadSize}, DType::BF16);
     kBackend.make_impl(params)->forward(layer, query, {}, {}, cache != nullptr ? *cache : kv, *md, out, {});
@@ -198,7 +198,8 @@ struct E4m3Cache {
   }
 
   // Output of `query` ([T, H, D]) under `common` over this cache, as floats.
-  std::vector<float> forward(const Problem& pr, const CommonAttentionMetadata& common, const Tensor& query) const {
+  std::vector<float> forward(const Problem& pr, const CommonAttentionMetadata& common,
+                             const Tensor& query) const {
     return to_float_vector(pr.forward(common, query, &kv, layer));
   }
 };
