@@ -672,6 +672,44 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> LoadE4M3Block(D d, const unsigned char
   return hn::LoadU(di, reinterpret_cast<const std::int32_t*>(row + c / block * block));
 }
 
+// bf16 pairs read as 32-bit lanes hold the even element in the low half and
+// the odd one in the high half. Shifts share the FMA pipes, masks run on any
+// FP pipe (docs/perf.md, attempt 33), so a chunk past the first of its row
+// reads its even elements 2 bytes early, as high halves to mask, and one
+// before the last of its row its odd elements 2 bytes late, as low halves to
+// shift up (one shift instead of two where no register is free for the
+// mask). Neither read leaves the row.
+template <class D>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<D>> LoadBf16Pairs(D, const unsigned char* p) {
+  return hn::LoadU(hn::RebindToUnsigned<D>(), reinterpret_cast<const std::uint32_t*>(p));
+}
+
+template <class D>
+HWY_INLINE hn::Vec<D> HighHalves(D d, hn::Vec<hn::RebindToUnsigned<D>> u) {
+  return hn::BitCast(d, hn::And(u, hn::Set(hn::RebindToUnsigned<D>(), 0xFFFF0000u)));
+}
+
+template <class D>
+HWY_INLINE hn::Vec<D> LowHalves(D d, hn::Vec<hn::RebindToUnsigned<D>> u) {
+  return hn::BitCast(d, hn::ShiftLeft<16>(u));
+}
+
+// The even elements of the bf16 chunk at p; row_start: p is its row's start.
+template <class D>
+HWY_INLINE hn::Vec<D> Bf16Evens(D d, const unsigned char* p, bool row_start) {
+  constexpr int kElementBytes = 2;
+  return row_start ? LowHalves(d, LoadBf16Pairs(d, p)) : HighHalves(d, LoadBf16Pairs(d, p - kElementBytes));
+}
+
+// The odd elements of the bf16 chunk at p without a mask; row_end: the chunk
+// ends its row.
+template <class D>
+HWY_INLINE hn::Vec<D> Bf16OddsShifted(D d, const unsigned char* p, bool row_end) {
+  constexpr int kElementBytes = 2;
+  if (!row_end) return LowHalves(d, LoadBf16Pairs(d, p + kElementBytes));
+  return LowHalves(d, hn::ShiftRight<16>(LoadBf16Pairs(d, p)));
+}
+
 // The two float vectors of the chunk at element c of a row (chunk order).
 // kNanFree: the tile holds no e4m3 NaN code (tile_decode checked).
 template <DType KV, bool kNanFree, class D>
@@ -691,10 +729,8 @@ HWY_INLINE void LoadChunk(D d, const unsigned char* row, int c, hn::Vec<D>& a, h
     a = LoadE4M3NanFree(d, p);
     b = LoadE4M3NanFree(d, p + lanes);
   } else if constexpr (kChunkWays<KV> == 2) {
-    const hn::RebindToUnsigned<D> du;
-    const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
-    a = hn::BitCast(d, hn::ShiftLeft<16>(u));
-    b = hn::BitCast(d, hn::And(u, hn::Set(du, 0xFFFF0000u)));
+    a = Bf16Evens(d, p, c == 0);
+    b = HighHalves(d, LoadBf16Pairs(d, p));
   } else {
     a = LoadKV<KV>(d, p);
     b = LoadKV<KV>(d, p + lanes * dtype_size(KV));
@@ -878,27 +914,24 @@ HWY_INLINE __m256 SumLanes8(const __m256 (&a)[8]) {
 // meets the same row's other key.
 HWY_INLINE __m256 SwapHalves(__m256 v) { return _mm256_permute2f128_ps(v, v, 1); }
 
-// The two float vectors of the chunk at element c of a row, one at a time
-// (for the register budget of scores_quad): half 0 = the first vector, half 1
-// the second.
+// The two float vectors of the chunk at element c of a row of d_size, one at
+// a time (for the register budget of scores_quad, which has none left for a
+// mask): half 0 = the first vector, half 1 the second.
 template <DType KV, bool kNanFree, int kHalf, class D>
-HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* row, int c) {
+HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* row, int c, int d_size) {
   const unsigned char* p = row + static_cast<std::size_t>(c) * dtype_size(KV);
+  const int lanes = static_cast<int>(hn::Lanes(d));
   if constexpr (kChunkWays<KV> == 4) {
     const auto block = LoadE4M3Block(d, row, c);
-    if (c % (4 * static_cast<int>(hn::Lanes(d))) == 0) return E4M3Byte<kHalf, kNanFree>(d, block);
+    if (c % (4 * lanes) == 0) return E4M3Byte<kHalf, kNanFree>(d, block);
     return E4M3Byte<2 + kHalf, kNanFree>(d, block);
   } else if constexpr (kChunkWays<KV> == 2) {
-    // bf16 pairs as 32-bit lanes: the even value's float bits are the low half
-    // shifted up, the odd value's the high half with the low one cleared (two
-    // shifts: no mask register).
-    const hn::RebindToUnsigned<D> du;
-    const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(p));
-    return hn::BitCast(d, kHalf == 0 ? hn::ShiftLeft<16>(u) : hn::ShiftLeft<16>(hn::ShiftRight<16>(u)));
+    if constexpr (kHalf == 0) return Bf16Evens(d, p, c == 0);
+    return Bf16OddsShifted(d, p, c + 2 * lanes == d_size);
   } else if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
-    return LoadE4M3NanFree(d, p + kHalf * hn::Lanes(d));
+    return LoadE4M3NanFree(d, p + kHalf * lanes);
   } else {
-    return LoadKV<KV>(d, p + kHalf * hn::Lanes(d) * dtype_size(KV));
+    return LoadKV<KV>(d, p + kHalf * lanes * dtype_size(KV));
   }
 }
 
@@ -924,12 +957,12 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
     }
     for (int c = 0; c < d_size; c += 2 * lanes) {
       hn::Vec<D> kv[kKeys];
-      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 0>(d, k[j], c);
+      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 0>(d, k[j], c, d_size);
       for (int r = 0; r < kRowBlock; ++r) {
         const auto qa = hn::LoadU(d, q[r] + c);
         for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qa, kv[j], acc[j][r]);
       }
-      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 1>(d, k[j], c);
+      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 1>(d, k[j], c, d_size);
       for (int r = 0; r < kRowBlock; ++r) {
         const auto qb = hn::LoadU(d, q[r] + c + lanes);
         for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qb, kv[j], acc[j][r]);
