@@ -237,9 +237,11 @@ struct TilePrefetch {
 // the score loop only: prefetches in the P V loop measured slower).
 HWY_INLINE void prefetch_ahead(const TilePrefetch* ahead, int i0, int count) {
   if (ahead == nullptr) return;
+  const int half = (ahead->n + 1) / 2;
   for (int i = i0; i < std::min(ahead->n, i0 + count); ++i) {
-    prefetch_lines<kKeepInL1>(ahead->k_rows[i], 0, ahead->lines);
-    prefetch_lines<kKeepInL1>(ahead->v_rows[i], 0, ahead->lines);
+    const int key = i % 2 == 0 ? i / 2 : half + i / 2;
+    prefetch_lines<kKeepInL1>(ahead->k_rows[key], 0, ahead->lines);
+    prefetch_lines<kKeepInL1>(ahead->v_rows[key], 0, ahead->lines);
   }
 }
 
