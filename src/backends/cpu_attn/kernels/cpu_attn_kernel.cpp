@@ -33,6 +33,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::cpu_attn::HWY_NAMESPACE {
@@ -916,25 +918,38 @@ HWY_INLINE __m256 SumLanes8(const __m256 (&a)[8]) {
 // meets the same row's other key.
 HWY_INLINE __m256 SwapHalves(__m256 v) { return _mm256_permute2f128_ps(v, v, 1); }
 
-// The two float vectors of the chunk at element c of a row of d_size, one at
-// a time (for the register budget of scores_quad, which has none left for a
-// mask): half 0 = the first vector, half 1 the second.
-template <DType KV, bool kNanFree, int kHalf, class D>
-HWY_INLINE hn::Vec<D> LoadChunkHalf(D d, const unsigned char* row, int c, int d_size) {
+// Float vectors a step of scores_quad reads per key: one 4-way e4m3 block,
+// else one chunk (two vectors).
+template <DType KV>
+constexpr int kStepVectors = std::max(2, kChunkWays<KV>);
+
+// Vector kV (0 .. kStepVectors - 1) of the step at element c of a row of
+// d_size, one at a time (for the register budget of scores_quad, which has
+// none left for a mask): the e4m3 block's byte kV, or half kV of the chunk.
+template <DType KV, bool kNanFree, int kV, class D>
+HWY_INLINE hn::Vec<D> LoadStepVector(D d, const unsigned char* row, int c, int d_size) {
   const unsigned char* p = row + static_cast<std::size_t>(c) * dtype_size(KV);
   const int lanes = static_cast<int>(hn::Lanes(d));
   if constexpr (kChunkWays<KV> == 4) {
-    const auto block = LoadE4M3Block(d, row, c);
-    if (c % (4 * lanes) == 0) return E4M3Byte<kHalf, kNanFree>(d, block);
-    return E4M3Byte<2 + kHalf, kNanFree>(d, block);
+    static_cast<void>(d_size);
+    return E4M3Byte<kV, kNanFree>(d, LoadE4M3Block(d, row, c));
   } else if constexpr (kChunkWays<KV> == 2) {
-    if constexpr (kHalf == 0) return Bf16Evens(d, p, c == 0);
+    if constexpr (kV == 0) return Bf16Evens(d, p, c == 0);
     return Bf16OddsShifted(d, p, c + 2 * lanes == d_size);
   } else if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
-    return LoadE4M3NanFree(d, p + kHalf * lanes);
+    static_cast<void>(d_size);
+    return LoadE4M3NanFree(d, p + kV * lanes);
   } else {
-    return LoadKV<KV>(d, p + kHalf * lanes * dtype_size(KV));
+    static_cast<void>(d_size);
+    return LoadKV<KV>(d, p + kV * lanes * dtype_size(KV));
   }
+}
+
+// Calls f(std::integral_constant<int, k>) for k = 0 .. sizeof...(kIndex) - 1
+// (compile-time indices for an unrolled loop).
+template <class F, int... kIndex>
+HWY_INLINE void for_each_index(std::integer_sequence<int, kIndex...>, F&& f) {
+  (f(std::integral_constant<int, kIndex>{}), ...);
 }
 
 // st[i][r] = q_{r0 + r} . k_i for i < n, three keys x four rows per pass (12
@@ -957,18 +972,15 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
     for (auto& key : acc) {
       for (auto& a : key) a = hn::Zero(d);
     }
-    for (int c = 0; c < d_size; c += 2 * lanes) {
-      hn::Vec<D> kv[kKeys];
-      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 0>(d, k[j], c, d_size);
-      for (int r = 0; r < kRowBlock; ++r) {
-        const auto qa = hn::LoadU(d, q[r] + c);
-        for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qa, kv[j], acc[j][r]);
-      }
-      for (int j = 0; j < kKeys; ++j) kv[j] = LoadChunkHalf<KV, kNanFree, 1>(d, k[j], c, d_size);
-      for (int r = 0; r < kRowBlock; ++r) {
-        const auto qb = hn::LoadU(d, q[r] + c + lanes);
-        for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qb, kv[j], acc[j][r]);
-      }
+    for (int c = 0; c < d_size; c += kStepVectors<KV> * lanes) {
+      for_each_index(std::make_integer_sequence<int, kStepVectors<KV>>{}, [&](auto v) {
+        hn::Vec<D> kv[kKeys];
+        for (int j = 0; j < kKeys; ++j) kv[j] = LoadStepVector<KV, kNanFree, v()>(d, k[j], c, d_size);
+        for (int r = 0; r < kRowBlock; ++r) {
+          const auto qv = hn::LoadU(d, q[r] + c + v() * lanes);
+          for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qv, kv[j], acc[j][r]);
+        }
+      });
     }
     const __m256 first_two[2 * kRowBlock] = {acc[0][0].raw, acc[0][1].raw, acc[0][2].raw, acc[0][3].raw,
                                               acc[1][0].raw, acc[1][1].raw, acc[1][2].raw, acc[1][3].raw};
@@ -1088,14 +1100,24 @@ bool has_e4m3_nan(D d, const unsigned char* const* rows, int n, int d_size) {
   constexpr std::uint8_t kMagnitude = 0x7F;
   const auto magnitude = hn::Set(du8, kMagnitude);
   auto hits = hn::Zero(du8);
-  for (int i = 0; i < n; ++i) {
+  auto hits2 = hn::Zero(du8);
+  int i = 0;
+  for (; i + 1 < n; i += 2) {
+    for (int c = 0; c < d_size; c += static_cast<int>(hn::Lanes(du8))) {
+      const auto m = hn::And(hn::LoadU(du8, rows[i] + c), magnitude);
+      const auto m2 = hn::And(hn::LoadU(du8, rows[i + 1] + c), magnitude);
+      hits = hn::Or(hits, hn::VecFromMask(du8, hn::Eq(m, magnitude)));
+      hits2 = hn::Or(hits2, hn::VecFromMask(du8, hn::Eq(m2, magnitude)));
+    }
+  }
+  for (; i < n; ++i) {
     for (int c = 0; c < d_size; c += static_cast<int>(hn::Lanes(du8))) {
       const auto m = hn::And(hn::LoadU(du8, rows[i] + c), magnitude);
       hits = hn::Or(hits, hn::VecFromMask(du8, hn::Eq(m, magnitude)));
     }
   }
   static_cast<void>(d);
-  return !hn::AllFalse(du8, hn::Ne(hits, hn::Zero(du8)));
+  return !hn::AllFalse(du8, hn::Ne(hn::Or(hits, hits2), hn::Zero(du8)));
 }
 
 template <DType KV, bool kNanFree, class D>
