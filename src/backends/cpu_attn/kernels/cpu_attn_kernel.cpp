@@ -235,13 +235,17 @@ struct TilePrefetch {
   int lines = 0;  // cache lines per K/V row
 };
 
-// Prefetches the K and V rows of keys [i0, i0 + count) of the tile ahead (in
-// the score loop only: prefetches in the P V loop measured slower).
+// Prefetches the K and V rows of the tile ahead's keys [i0, i0 + count) in
+// prefetch order (in the score loop only: prefetches in the P V loop measured
+// slower). That order alternates between the two halves of the tile (its two
+// blocks at the default block size), so four K/V streams advance together
+// instead of two: the interleaved reads attempt 21 measured near the streaming
+// roofline (docs/perf.md, attempt 34).
 HWY_INLINE void prefetch_ahead(const TilePrefetch* ahead, int i0, int count) {
   if (ahead == nullptr) return;
   const int half = (ahead->n + 1) / 2;
   for (int i = i0; i < std::min(ahead->n, i0 + count); ++i) {
-    const int key = i % 2 == 0 ? i / 2 : half + i / 2;
+    const int key = i % 2 == 0 ? i / 2 : half + i / 2;  // 0, half, 1, half + 1, ...
     prefetch_lines<kKeepInL1>(ahead->k_rows[key], 0, ahead->lines);
     prefetch_lines<kKeepInL1>(ahead->v_rows[key], 0, ahead->lines);
   }
@@ -1093,28 +1097,29 @@ void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int row
 
 // Whether any of the n rows holds the e4m3 NaN code (S.1111.111): one
 // compare per vector of bytes, a fraction of what the NaN-exact conversion
-// costs per value.
+// costs per value. Two rows at a time, each into its own accumulator
+// (docs/perf.md, attempt 35).
 template <class D>
 bool has_e4m3_nan(D d, const unsigned char* const* rows, int n, int d_size) {
   const hn::Repartition<std::uint8_t, D> du8;
   constexpr std::uint8_t kMagnitude = 0x7F;
   const auto magnitude = hn::Set(du8, kMagnitude);
+  const int lanes = static_cast<int>(hn::Lanes(du8));
+  const auto scan = [&](const unsigned char* row, int c, hn::Vec<decltype(du8)>& hits) {
+    const auto m = hn::And(hn::LoadU(du8, row + c), magnitude);
+    hits = hn::Or(hits, hn::VecFromMask(du8, hn::Eq(m, magnitude)));
+  };
   auto hits = hn::Zero(du8);
   auto hits2 = hn::Zero(du8);
   int i = 0;
   for (; i + 1 < n; i += 2) {
-    for (int c = 0; c < d_size; c += static_cast<int>(hn::Lanes(du8))) {
-      const auto m = hn::And(hn::LoadU(du8, rows[i] + c), magnitude);
-      const auto m2 = hn::And(hn::LoadU(du8, rows[i + 1] + c), magnitude);
-      hits = hn::Or(hits, hn::VecFromMask(du8, hn::Eq(m, magnitude)));
-      hits2 = hn::Or(hits2, hn::VecFromMask(du8, hn::Eq(m2, magnitude)));
+    for (int c = 0; c < d_size; c += lanes) {
+      scan(rows[i], c, hits);
+      scan(rows[i + 1], c, hits2);
     }
   }
   for (; i < n; ++i) {
-    for (int c = 0; c < d_size; c += static_cast<int>(hn::Lanes(du8))) {
-      const auto m = hn::And(hn::LoadU(du8, rows[i] + c), magnitude);
-      hits = hn::Or(hits, hn::VecFromMask(du8, hn::Eq(m, magnitude)));
-    }
+    for (int c = 0; c < d_size; c += lanes) scan(rows[i], c, hits);
   }
   static_cast<void>(d);
   return !hn::AllFalse(du8, hn::Ne(hn::Or(hits, hits2), hn::Zero(du8)));
