@@ -36,8 +36,8 @@ struct Scratch {
   float* l = nullptr;       // [rows] running sum
   float* alpha = nullptr;   // [rows] rescale of the accumulator for the current tile
   RowInfo* rows = nullptr;  // [rows]
-  float* kt = nullptr;      // [D, kTileKeys] transposed K tile
-  float* vf = nullptr;      // [kTileKeys, D] converted V tile
+  float* kt = nullptr;      // [D, kTileKeys] transposed K tile (the chunked decode path: raw K rows, staged)
+  float* vf = nullptr;      // [kTileKeys, D] converted V tile (the chunked decode path: raw V rows, staged)
   float* tmp = nullptr;     // [D] one converted row
 
   Scratch(void* base, int head_size, int num_rows);

@@ -1194,6 +1194,31 @@ void finish_row(const AttentionParams& p, int token, int head, float m, float l,
   if (lse != nullptr) *lse = m + std::log(l);
 }
 
+// Whether one KV head's consecutive K or V rows are not adjacent in memory
+// (NHD caches with several KV heads, or strided new keys).
+bool rows_scattered(const AttentionParams& p, int d_size) {
+  if (p.key_source == KeySource::DenseRows) return p.key.row_stride != d_size || p.value.row_stride != d_size;
+  return p.key_cache.slot_stride != d_size || p.value_cache.slot_stride != d_size;
+}
+
+// Copies n rows of row_bytes into out, one after another, and points
+// staged[i] at row i's copy.
+template <class D>
+void stage_rows(D d, const unsigned char* const* rows, int n, std::size_t row_bytes, unsigned char* out,
+                const unsigned char** staged) {
+  for (int i = 0; i < n; ++i) {
+    unsigned char* dst = out + static_cast<std::size_t>(i) * row_bytes;
+#if HWY_TARGET == HWY_SCALAR
+    std::memcpy(dst, rows[i], row_bytes);
+#else
+    const hn::Repartition<std::uint8_t, D> du8;
+    for (std::size_t b = 0; b < row_bytes; b += hn::Lanes(du8)) hn::StoreU(hn::LoadU(du8, rows[i] + b), du8, dst + b);
+#endif
+    staged[i] = dst;
+  }
+  static_cast<void>(d);
+}
+
 // `dot`: take the AVX512-BF16 prefill paths where they apply (bf16 queries and
 // keys; head size a multiple of 32 for the scores, of 128 for P V).
 template <DType KV, class D>
@@ -1247,16 +1272,28 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   const unsigned char* far_k[kTileKeys];
   const unsigned char* far_v[kTileKeys];
   int cur = 0;
+  // A KV head's rows 2 KiB apart (NHD) share a few L1 sets, which one tile
+  // overflows: the chunked path copies each tile's rows together first
+  // (docs/perf.md, attempt 36).
+  const bool staged = chunked && rows_scattered(p, d_size);
+  const unsigned char* staged_k[kTileKeys];
+  const unsigned char* staged_v[kTileKeys];
   if (lo < hi) tile_pointers(p, item, shape, lo, std::min(kTileKeys, hi - lo), tile_k[cur], tile_v[cur]);
   for (int t0 = lo; t0 < hi; t0 += kTileKeys, cur ^= 1) {
     const int n = std::min(kTileKeys, hi - t0);
-    const unsigned char* const* k_rows = tile_k[cur];
+    const unsigned char* const* k_rows = tile_k[cur];  // [n] this tile's rows
     const unsigned char* const* v_rows = tile_v[cur];
     const int next = t0 + kTileKeys;
     const int next_n = next < hi ? std::min(kTileKeys, hi - next) : 0;
     if (next_n > 0) tile_pointers(p, item, shape, next, next_n, tile_k[cur ^ 1], tile_v[cur ^ 1]);
     if (chunked) {
       const TilePrefetch ahead{tile_k[cur ^ 1], tile_v[cur ^ 1], next_n, cache_lines(row_bytes)};
+      if (staged) {  // into the transposed-K and V-tile buffers, which this path leaves unused
+        stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
+        stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
+        k_rows = staged_k;
+        v_rows = staged_v;
+      }
       tile_decode<KV>(d, p, sc, shape.rows, t0, n, k_rows, v_rows, ahead);
       continue;
     }
