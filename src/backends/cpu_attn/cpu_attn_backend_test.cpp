@@ -13,6 +13,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 #if defined(__x86_64__)
 #include <xmmintrin.h>
 #endif
@@ -399,6 +403,88 @@ TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
     }
   });
 }
+
+#if defined(__linux__)
+// NHD caches are staged a tile at a time (the rows of one KV head are 2 KiB
+// apart there): the copy reads no byte past a row, also when rows are not a
+// whole number of vectors (e5m2, head size 48). The V cache ends where an
+// inaccessible page starts and the decode reads its last row; the output is
+// bitwise the output of the same values in an HND cache, which is not staged.
+TEST(CpuAttnBackendTest, StagedNhdRowsReadNothingPastTheCache) {
+  constexpr int kHeads = 4;
+  constexpr int kKvHeads = 2;
+  constexpr int kHeadSize = 48;
+  constexpr int kBlockSize = 16;
+  constexpr int kBlocks = 4;
+  constexpr int kKeys = kBlocks * kBlockSize;
+  constexpr std::size_t kHalfBytes = std::size_t{kBlocks} * kBlockSize * kKvHeads * kHeadSize;  // one e5m2 byte each
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t mapped = (2 * kHalfBytes + page - 1) / page * page + page;
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(base, MAP_FAILED);
+  auto* guard = static_cast<unsigned char*>(base) + mapped - page;
+  ASSERT_EQ(mprotect(guard, page, PROT_NONE), 0);
+  unsigned char* nhd_key = guard - 2 * kHalfBytes;  // [NB, BS, Hkv, D] each, V ending at the guard
+  unsigned char* nhd_value = guard - kHalfBytes;
+  std::vector<unsigned char> hnd_key(kHalfBytes);  // [NB, Hkv, BS, D]
+  std::vector<unsigned char> hnd_value(kHalfBytes);
+  std::mt19937 rng{11};
+  constexpr int kSmallCodes = 0x40;  // e5m2 magnitudes up to 1.75 (exponent fields 0-15), both signs
+  std::uniform_int_distribution<int> code(0, kSmallCodes - 1);
+  std::bernoulli_distribution negative;
+  for (int b = 0; b < kBlocks; ++b) {
+    for (int s = 0; s < kBlockSize; ++s) {
+      for (int h = 0; h < kKvHeads; ++h) {
+        for (int e = 0; e < kHeadSize; ++e) {
+          const std::size_t nhd = ((std::size_t{1} * b * kBlockSize + s) * kKvHeads + h) * kHeadSize + e;
+          const std::size_t hnd = ((std::size_t{1} * b * kKvHeads + h) * kBlockSize + s) * kHeadSize + e;
+          constexpr int kSignBit = 0x80;
+          nhd_key[nhd] = hnd_key[hnd] = static_cast<unsigned char>(code(rng) | (negative(rng) ? kSignBit : 0));
+          nhd_value[nhd] = hnd_value[hnd] = static_cast<unsigned char>(code(rng) | (negative(rng) ? kSignBit : 0));
+        }
+      }
+    }
+  }
+  const Dims shape{kBlocks, kBlockSize, kKvHeads, kHeadSize};
+  const Dims nhd_strides{kBlockSize * kKvHeads * kHeadSize, kKvHeads * kHeadSize, kHeadSize, 1};
+  const Dims hnd_strides{kKvHeads * kBlockSize * kHeadSize, kHeadSize, kBlockSize * kHeadSize, 1};
+  const auto view = [&](unsigned char* data, const Dims& strides) {
+    return TensorView(data, DType::FP8_E5M2, Device::cpu(), shape, strides);
+  };
+  const KVCacheView nhd{view(nhd_key, nhd_strides), view(nhd_value, nhd_strides)};
+  const KVCacheView hnd{view(hnd_key.data(), hnd_strides), view(hnd_value.data(), hnd_strides)};
+
+  AttentionImplParams params;
+  params.num_heads = kHeads;
+  params.num_kv_heads = kKvHeads;
+  params.head_size = kHeadSize;
+  params.scale = 0.125f;
+  params.dtype = DType::BF16;
+  params.kv_cache_dtype = CacheDType::Fp8E5M2;
+  BuilderParams bp;
+  bp.block_size = kBlockSize;
+  bp.num_kv_heads = kKvHeads;
+  bp.head_size = kHeadSize;
+  MetadataOptions options;
+  options.block_size = kBlockSize;
+  const std::vector<RequestSpec> decode{RequestSpec{1, kKeys, {0, 1, 2, 3}}};
+  const auto md = kBackend.make_builder(bp)->build(make_common_metadata(decode, options));
+  LayerQuantState layer;
+  layer.k_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  layer.v_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  std::normal_distribution<float> normal;
+  std::vector<float> q(kHeads * kHeadSize);
+  for (float& x : q) x = normal(rng);
+  const Tensor query = Tensor::from_floats(q, {1, kHeads, kHeadSize}, DType::BF16);
+  const auto run = [&](const KVCacheView& kv) {
+    Tensor out = Tensor::zeros({1, kHeads, kHeadSize}, DType::BF16);
+    kBackend.make_impl(params)->forward(layer, query, {}, {}, kv, *md, out, {});
+    return to_byte_vector(out);
+  };
+  for_each_isa([&](cpu_attn::Isa isa) { EXPECT_EQ(run(nhd), run(hnd)) << cpu_attn::isa_name(isa); });
+  munmap(base, mapped);
+}
+#endif
 
 TEST(CpuAttnBackendTest, RejectsBadArgumentsBeforeWriting) {
   Problem pr;

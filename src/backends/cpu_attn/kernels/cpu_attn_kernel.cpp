@@ -1202,18 +1202,22 @@ bool rows_scattered(const AttentionParams& p, int d_size) {
 }
 
 // Copies n rows of row_bytes into out, one after another, and points
-// staged[i] at row i's copy.
+// staged[i] at row i's copy. Reads nothing past a row (rows need not be a
+// whole number of vectors: e5m2 head size 80 is 80 bytes).
 template <class D>
 void stage_rows(D d, const unsigned char* const* rows, int n, std::size_t row_bytes, unsigned char* out,
                 const unsigned char** staged) {
+  std::size_t whole = 0;  // bytes copied a vector at a time
+#if HWY_TARGET != HWY_SCALAR
+  const hn::Repartition<std::uint8_t, D> du8;
+  whole = row_bytes / hn::Lanes(du8) * hn::Lanes(du8);
+#endif
   for (int i = 0; i < n; ++i) {
     unsigned char* dst = out + static_cast<std::size_t>(i) * row_bytes;
-#if HWY_TARGET == HWY_SCALAR
-    std::memcpy(dst, rows[i], row_bytes);
-#else
-    const hn::Repartition<std::uint8_t, D> du8;
-    for (std::size_t b = 0; b < row_bytes; b += hn::Lanes(du8)) hn::StoreU(hn::LoadU(du8, rows[i] + b), du8, dst + b);
+#if HWY_TARGET != HWY_SCALAR
+    for (std::size_t b = 0; b < whole; b += hn::Lanes(du8)) hn::StoreU(hn::LoadU(du8, rows[i] + b), du8, dst + b);
 #endif
+    std::memcpy(dst + whole, rows[i] + whole, row_bytes - whole);
     staged[i] = dst;
   }
   static_cast<void>(d);
