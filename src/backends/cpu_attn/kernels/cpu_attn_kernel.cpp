@@ -1217,7 +1217,7 @@ void stage_rows(D d, const unsigned char* const* rows, int n, std::size_t row_by
 #if HWY_TARGET != HWY_SCALAR
     for (std::size_t b = 0; b < whole; b += hn::Lanes(du8)) hn::StoreU(hn::LoadU(du8, rows[i] + b), du8, dst + b);
 #endif
-    std::memcpy(dst + whole, rows[i] + whole, row_bytes - whole);
+    if (whole < row_bytes) std::memcpy(dst + whole, rows[i] + whole, row_bytes - whole);
     staged[i] = dst;
   }
   static_cast<void>(d);
