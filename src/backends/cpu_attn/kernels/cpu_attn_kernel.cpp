@@ -931,20 +931,17 @@ constexpr int kStepVectors = std::max(2, kChunkWays<KV>);
 // d_size, one at a time (for the register budget of scores_quad, which has
 // none left for a mask): the e4m3 block's byte kV, or half kV of the chunk.
 template <DType KV, bool kNanFree, int kV, class D>
-HWY_INLINE hn::Vec<D> LoadStepVector(D d, const unsigned char* row, int c, int d_size) {
+HWY_INLINE hn::Vec<D> LoadStepVector(D d, const unsigned char* row, int c, [[maybe_unused]] int d_size) {
   const unsigned char* p = row + static_cast<std::size_t>(c) * dtype_size(KV);
   const int lanes = static_cast<int>(hn::Lanes(d));
   if constexpr (kChunkWays<KV> == 4) {
-    static_cast<void>(d_size);
     return E4M3Byte<kV, kNanFree>(d, LoadE4M3Block(d, row, c));
   } else if constexpr (kChunkWays<KV> == 2) {
     if constexpr (kV == 0) return Bf16Evens(d, p, c == 0);
     return Bf16OddsShifted(d, p, c + 2 * lanes == d_size);
   } else if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
-    static_cast<void>(d_size);
     return LoadE4M3NanFree(d, p + kV * lanes);
   } else {
-    static_cast<void>(d_size);
     return LoadKV<KV>(d, p + kV * lanes * dtype_size(KV));
   }
 }
