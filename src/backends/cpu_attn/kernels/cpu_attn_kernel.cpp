@@ -209,18 +209,18 @@ constexpr int kKeepInL1 = 3;
 constexpr int kKeepInL2 = 2;
 constexpr int kCacheLine = 64;
 
+// Prefetches the first `lines` cache lines of a row.
 template <int kLocality>
-HWY_INLINE void prefetch_lines(const unsigned char* row, int first_line, int end_line) {
+HWY_INLINE void prefetch_lines(const unsigned char* row, int lines) {
   constexpr int kReadOnly = 0;
-  for (int line = first_line; line < end_line; ++line)
-    __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
+  for (int line = 0; line < lines; ++line) __builtin_prefetch(row + line * kCacheLine, kReadOnly, kLocality);
 }
 
 int cache_lines(std::size_t bytes) { return static_cast<int>((bytes + kCacheLine - 1) / kCacheLine); }
 
 template <int kLocality>
 void prefetch_rows(const unsigned char* const* rows, int n, std::size_t row_bytes) {
-  for (int i = 0; i < n; ++i) prefetch_lines<kLocality>(rows[i], 0, cache_lines(row_bytes));
+  for (int i = 0; i < n; ++i) prefetch_lines<kLocality>(rows[i], cache_lines(row_bytes));
 }
 
 // The tile after the one computed, for the chunked decode path to prefetch
@@ -247,8 +247,8 @@ HWY_INLINE void prefetch_ahead(const TilePrefetch* ahead, int i0, int count) {
   const int half = (ahead->n + 1) / 2;
   for (int i = i0; i < std::min(ahead->n, i0 + count); ++i) {
     const int key = i % 2 == 0 ? i / 2 : half + i / 2;  // 0, half, 1, half + 1, ...
-    prefetch_lines<kKeepInL1>(ahead->k_rows[key], 0, ahead->lines);
-    prefetch_lines<kKeepInL1>(ahead->v_rows[key], 0, ahead->lines);
+    prefetch_lines<kKeepInL1>(ahead->k_rows[key], ahead->lines);
+    prefetch_lines<kKeepInL1>(ahead->v_rows[key], ahead->lines);
   }
 }
 
@@ -906,7 +906,7 @@ void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const un
 // costs per value. Two rows at a time, each into its own accumulator
 // (docs/perf.md, attempt 35).
 template <class D>
-bool has_e4m3_nan(D d, const unsigned char* const* rows, int n, int d_size) {
+bool has_e4m3_nan(D, const unsigned char* const* rows, int n, int d_size) {
   const hn::Repartition<std::uint8_t, D> du8;
   constexpr std::uint8_t kMagnitude = 0x7F;
   const auto magnitude = hn::Set(du8, kMagnitude);
@@ -927,7 +927,6 @@ bool has_e4m3_nan(D d, const unsigned char* const* rows, int n, int d_size) {
   for (; i < n; ++i) {
     for (int c = 0; c < d_size; c += lanes) scan(rows[i], c, hits);
   }
-  static_cast<void>(d);
   return !hn::AllFalse(du8, hn::Ne(hn::Or(hits, hits2), hn::Zero(du8)));
 }
 
@@ -1011,8 +1010,8 @@ bool rows_scattered(const AttentionParams& p, int d_size) {
 // staged[i] at row i's copy. Reads nothing past a row (rows need not be a
 // whole number of vectors: e5m2 head size 80 is 80 bytes).
 template <class D>
-void stage_rows(D d, const unsigned char* const* rows, int n, std::size_t row_bytes, unsigned char* out,
-                const unsigned char** staged) {
+void stage_rows([[maybe_unused]] D d, const unsigned char* const* rows, int n, std::size_t row_bytes,
+                unsigned char* out, const unsigned char** staged) {
   std::size_t whole = 0;  // bytes copied a vector at a time
 #if HWY_TARGET != HWY_SCALAR
   const hn::Repartition<std::uint8_t, D> du8;
@@ -1026,7 +1025,6 @@ void stage_rows(D d, const unsigned char* const* rows, int n, std::size_t row_by
     if (whole < row_bytes) std::memcpy(dst + whole, rows[i] + whole, row_bytes - whole);
     staged[i] = dst;
   }
-  static_cast<void>(d);
 }
 
 // `dot`: take the AVX512-BF16 prefill paths where they apply (bf16 queries and

@@ -36,8 +36,9 @@ template <DType KV>
 constexpr int kStepVectors = std::max(2, kChunkWays<KV>);
 
 // Vector kV (0 .. kStepVectors - 1) of the step at element c of a row of
-// d_size, one at a time (for the register budget of scores_quad, which has
-// none left for a mask): the e4m3 block's byte kV, or half kV of the chunk.
+// d_size, one at a time (for the register budget of scores_quad, which keeps
+// its odd bf16 halves off the mask register: Bf16OddsShifted): the e4m3
+// block's byte kV, or half kV of the chunk.
 template <DType KV, bool kNanFree, int kV, class D>
 HWY_INLINE hn::Vec<D> LoadStepVector(D d, const unsigned char* row, int c, [[maybe_unused]] int d_size) {
   const unsigned char* p = row + static_cast<std::size_t>(c) * dtype_size(KV);
