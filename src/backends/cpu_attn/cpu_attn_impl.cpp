@@ -137,7 +137,8 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
   }
 
   const int group = num_heads / kv_heads;
-  const std::size_t scratch = cpu_attn::scratch_bytes(head_size, plan.max_item_tokens * group);
+  const std::size_t scratch =
+      cpu_attn::scratch_bytes(head_size, plan.max_item_tokens * group, plan.max_item_kv_heads);
   const std::size_t partial_bytes = static_cast<std::size_t>(plan.partial_tokens) * static_cast<std::size_t>(group) *
                                     cpu_attn::partial_row_floats(head_size) * sizeof(float);
   const cpu_attn::PartialState partials{static_cast<float*>(tl_partials.ensure(partial_bytes)), group};

@@ -2,7 +2,18 @@
 
 #include <pagedattn/error.h>
 
+#include "backends/cpu_attn/thread_pool.h"
+
 namespace pagedattn {
+
+namespace {
+
+// Decode work items per pool thread the plan leaves at least (when the batch
+// has that many KV heads x key splits): enough for the dynamic schedule to
+// even out items of unequal length.
+constexpr int kMinDecodeItemsPerThread = 4;
+
+}  // namespace
 
 CpuAttnMetadataBuilder::CpuAttnMetadataBuilder(const BuilderParams& params) : params_(params) {
   check_arg(params.device.is_cpu(), "CPU_ATTN builder", "device", "cpu", device_name(params.device));
@@ -15,8 +26,9 @@ std::shared_ptr<const BackendMetadata> CpuAttnMetadataBuilder::build(const Commo
   auto md = std::make_shared<CpuAttnMetadata>();
   md->common = common;
   md->num_kv_heads = params_.num_kv_heads;
-  md->plan = cpu_attn::make_work_plan(common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads,
-                                      common.causal);
+  md->plan = cpu_attn::make_work_plan(common.query_start_loc_host(), common.seq_lens_host(),
+                                      params_.num_kv_heads, common.causal,
+                                      kMinDecodeItemsPerThread * cpu_attn::ThreadPool::instance().size());
   return md;
 }
 

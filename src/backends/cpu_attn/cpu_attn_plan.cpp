@@ -14,37 +14,79 @@ std::int64_t item_cost(const WorkItem& item, int context_len, bool causal) {
   return static_cast<std::int64_t>(item.q_end - item.q_begin) * std::max(1, k_end - item.k_begin);
 }
 
+// Key splits of a request (1: not split).
+int key_splits(int q_len, int keys) {
+  return q_len <= kSplitMaxQueryTokens ? std::max(1, (keys + kSplitKeys - 1) / kSplitKeys) : 1;
+}
+
 }  // namespace
 
 WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
-                        int num_kv_heads, bool causal) {
+                        int num_kv_heads, bool causal, int min_items) {
   WorkPlan plan;
   std::vector<std::int64_t> costs;
   const auto num_reqs = static_cast<int>(seq_lens.size());
+  const auto q_len_of = [&](int r) {
+    return query_start_loc[static_cast<std::size_t>(r) + 1] - query_start_loc[static_cast<std::size_t>(r)];
+  };
+  // Key splits of the decode-like requests: each makes (KV heads / heads per
+  // item) items.
+  std::int64_t decode_pieces = 0;
   for (int r = 0; r < num_reqs; ++r) {
-    const int q_len = query_start_loc[static_cast<std::size_t>(r) + 1] - query_start_loc[static_cast<std::size_t>(r)];
+    const int q_len = q_len_of(r);
+    if (q_len > 0 && q_len <= kSplitMaxQueryTokens) {
+      decode_pieces += key_splits(q_len, seq_lens[static_cast<std::size_t>(r)]);
+    }
+  }
+  int group_heads = 1;  // a divisor of num_kv_heads
+  for (int g = num_kv_heads; g > 1; --g) {
+    if (num_kv_heads % g == 0 && decode_pieces * (num_kv_heads / g) >= min_items) {
+      group_heads = g;
+      break;
+    }
+  }
+  for (int r = 0; r < num_reqs; ++r) {
+    const int q_len = q_len_of(r);
     const int keys = seq_lens[static_cast<std::size_t>(r)];
     if (q_len <= 0) continue;
     const int context_len = keys - q_len;
-    const int splits = q_len <= kSplitMaxQueryTokens ? std::max(1, (keys + kSplitKeys - 1) / kSplitKeys) : 1;
-    for (int h = 0; h < num_kv_heads; ++h) {
+    const int splits = key_splits(q_len, keys);
+    const int heads = q_len <= kSplitMaxQueryTokens ? group_heads : 1;
+    plan.max_item_kv_heads = std::max(plan.max_item_kv_heads, heads);
+    // Each KV head's split partials are adjacent (one merge reads them).
+    const std::int64_t head_slots = static_cast<std::int64_t>(splits) * q_len;
+    for (int h = 0; h < num_kv_heads; h += heads) {
       if (splits == 1) {
         for (int q0 = 0; q0 < q_len; q0 += kQueryTileTokens) {
-          const WorkItem item{r, h, q0, std::min(q_len, q0 + kQueryTileTokens), 0, keys, -1};
+          const WorkItem item{.request = r,
+                              .kv_head = h,
+                              .kv_heads = heads,
+                              .q_begin = q0,
+                              .q_end = std::min(q_len, q0 + kQueryTileTokens),
+                              .k_begin = 0,
+                              .k_end = keys};
           plan.items.push_back(item);
-          costs.push_back(item_cost(item, context_len, causal));
+          costs.push_back(heads * item_cost(item, context_len, causal));
         }
         continue;
       }
-      const MergeItem merge{r, h, 0, q_len, plan.partial_tokens, splits};
       for (int s = 0; s < splits; ++s) {
-        const WorkItem item{r, h, 0, q_len, s * kSplitKeys, std::min(keys, (s + 1) * kSplitKeys),
-                            plan.partial_tokens + static_cast<std::int64_t>(s) * q_len};
+        const WorkItem item{.request = r,
+                            .kv_head = h,
+                            .kv_heads = heads,
+                            .q_begin = 0,
+                            .q_end = q_len,
+                            .k_begin = s * kSplitKeys,
+                            .k_end = std::min(keys, (s + 1) * kSplitKeys),
+                            .partial_token = plan.partial_tokens + static_cast<std::int64_t>(s) * q_len,
+                            .partial_head_stride = head_slots};
         plan.items.push_back(item);
-        costs.push_back(item_cost(item, context_len, causal));
+        costs.push_back(heads * item_cost(item, context_len, causal));
       }
-      plan.merges.push_back(merge);
-      plan.partial_tokens += static_cast<std::int64_t>(splits) * q_len;
+      for (int g = 0; g < heads; ++g) {
+        plan.merges.push_back(MergeItem{r, h + g, 0, q_len, plan.partial_tokens, splits});
+        plan.partial_tokens += head_slots;
+      }
     }
     plan.max_item_tokens = std::max(plan.max_item_tokens, std::min(q_len, kQueryTileTokens));
   }

@@ -31,10 +31,14 @@ struct WorkPlan {
   std::vector<MergeItem> merges;  // run after every item
   std::int64_t partial_tokens = 0;  // partial-state token slots the splits write
   int max_item_tokens = 0;          // most query tokens of one item
+  int max_item_kv_heads = 1;        // most KV heads of one item
 };
 
-// query_start_loc [B+1] and seq_lens [B] (key counts) on the host.
+// query_start_loc [B+1] and seq_lens [B] (key counts) on the host. Items of
+// requests that are split (decodes) cover as many KV heads together as leave
+// at least `min_items` such items, so one core reads whole blocks of a
+// head-major cache; the grouping changes no result, only the order of reads.
 WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
-                        int num_kv_heads, bool causal);
+                        int num_kv_heads, bool causal, int min_items);
 
 }  // namespace pagedattn::cpu_attn

@@ -60,12 +60,25 @@ std::atomic<Active*>& active_slot() {
   return slot;
 }
 
+// Bytes of the tile buffers every KV head of an item shares.
+std::size_t shared_bytes(std::size_t d) {
+  return 2 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
+}
+
+// Bytes of one KV head's state.
+std::size_t head_state_bytes(std::size_t d, std::size_t rows) {
+  return 2 * align_up(rows * d * sizeof(float)) +
+         align_up((rows * kTileKeys + kScorePadFloats) * sizeof(float)) + 3 * align_up(rows * sizeof(float)) +
+         align_up(rows * sizeof(RowInfo));
+}
+
 }  // namespace
 
-Scratch::Scratch(void* base, int head_size, int num_rows) {
-  auto* p = static_cast<unsigned char*>(base);
+Scratch::Scratch(void* base, int head_size, int num_rows, int head, int num_heads) {
   const auto rows_count = static_cast<std::size_t>(num_rows);
   const auto d = static_cast<std::size_t>(head_size);
+  auto* p =
+      static_cast<unsigned char*>(base) + static_cast<std::size_t>(head) * head_state_bytes(d, rows_count);
   auto take = [&p](std::size_t bytes) {
     unsigned char* at = p;
     p += align_up(bytes);
@@ -78,22 +91,24 @@ Scratch::Scratch(void* base, int head_size, int num_rows) {
   l = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
   alpha = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
   rows = reinterpret_cast<RowInfo*>(take(rows_count * sizeof(RowInfo)));
+  p = static_cast<unsigned char*>(base) +
+      static_cast<std::size_t>(num_heads) * head_state_bytes(d, rows_count);
   kt = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
   vf = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
   tmp = reinterpret_cast<float*>(take(d * sizeof(float)));
 }
 
-std::size_t Scratch::bytes(int head_size, int num_rows) {
-  const auto rows_count = static_cast<std::size_t>(num_rows);
+std::size_t Scratch::bytes(int head_size, int num_rows, int num_heads) {
   const auto d = static_cast<std::size_t>(head_size);
-  return 2 * align_up(rows_count * d * sizeof(float)) + align_up((rows_count * kTileKeys + kScorePadFloats) * sizeof(float)) +
-         3 * align_up(rows_count * sizeof(float)) + align_up(rows_count * sizeof(RowInfo)) +
-         2 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
+  return shared_bytes(d) +
+         static_cast<std::size_t>(num_heads) * head_state_bytes(d, static_cast<std::size_t>(num_rows));
 }
 
 std::size_t partial_row_floats(int head_size) { return static_cast<std::size_t>(head_size) + 2; }
 
-std::size_t scratch_bytes(int head_size, int max_rows) { return Scratch::bytes(head_size, max_rows); }
+std::size_t scratch_bytes(int head_size, int max_rows, int max_kv_heads) {
+  return Scratch::bytes(head_size, max_rows, max_kv_heads);
+}
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {

@@ -354,8 +354,11 @@ void transpose_k_tile(D d, const Scratch& sc, int d_size, int n, const unsigned 
 #endif  // HWY_TARGET == HWY_AVX2
 
 // S = Q K^T through a transposed K tile (many rows): no horizontal reductions.
+// Not inlined: inside RunItemTyped its register block lost registers to the
+// caller's live values and spilled (q2k ~10% slower, docs/perf.md attempt 39).
 template <DType KV, class D>
-void scores_transposed(D d, const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* k_rows) {
+HWY_NOINLINE void scores_transposed(D d, const Scratch& sc, int rows, int d_size, int n,
+                                    const unsigned char* const* k_rows) {
   const int lanes = static_cast<int>(hn::Lanes(d));
 #if HWY_TARGET == HWY_AVX2
   transpose_k_tile<KV>(d, sc, d_size, n, k_rows);
@@ -1027,6 +1030,129 @@ void stage_rows([[maybe_unused]] D d, const unsigned char* const* rows, int n, s
   }
 }
 
+// Whether an item of `rows` rows takes the chunked decode path (AVX-512 keeps
+// its own decode paths).
+template <DType KV>
+bool takes_chunked_path(int rows, int d_size, int lanes) {
+  return HWY_TARGET != HWY_AVX3 && rows < kTransposeMinRows && d_size % chunk_block<KV>(lanes) == 0;
+}
+
+// The item restricted to its KV head number h.
+WorkItem head_of(const WorkItem& item, int h) {
+  WorkItem one = item;
+  one.kv_head = item.kv_head + h;
+  one.kv_heads = 1;
+  if (item.partial_token >= 0) one.partial_token = item.partial_token + h * item.partial_head_stride;
+  return one;
+}
+
+// The K and V dequantization scales of a single-head item (LoadKV's rescale
+// included).
+float item_k_scale(const AttentionParams& p, const WorkItem& one) {
+  return kv_scale_of(p.k_scale, p.per_head_kv_scales, one.kv_head) * kv_load_rescale(p.kv_dtype);
+}
+float item_v_scale(const AttentionParams& p, const WorkItem& one) {
+  return kv_scale_of(p.v_scale, p.per_head_kv_scales, one.kv_head) * kv_load_rescale(p.kv_dtype);
+}
+
+// A single-head item's rows, the keys [lo, hi) it reads and its zeroed
+// online-softmax state.
+void begin_head(const AttentionParams& p, const WorkItem& one, const ItemShape& shape, const Scratch& sc,
+                int& lo, int& hi) {
+  fill_rows(p, one, shape, sc.rows, lo, hi);
+  lo = std::max(lo, one.k_begin);
+  hi = std::min(hi, one.k_end);
+  std::fill(sc.acc, sc.acc + static_cast<std::size_t>(shape.rows) * p.head_size, 0.0f);
+  std::fill(sc.m, sc.m + shape.rows, neg_inf());
+  std::fill(sc.l, sc.l + shape.rows, 0.0f);
+}
+
+// Writes a single-head item's result: its split partial, or its output rows.
+void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& shape, const Scratch& sc,
+              const PartialState& partials) {
+  const int d_size = p.head_size;
+  if (one.partial_token >= 0) {
+    const std::size_t row_floats = partial_row_floats(d_size);
+    float* base = partials.data + static_cast<std::size_t>(one.partial_token) * shape.group * row_floats;
+    for (int r = 0; r < shape.rows; ++r) {
+      float* dst = base + static_cast<std::size_t>(r) * row_floats;
+      std::copy(sc.acc + r * d_size, sc.acc + (r + 1) * d_size, dst);
+      dst[d_size] = sc.m[r];
+      dst[d_size + 1] = sc.l[r];
+    }
+    return;
+  }
+  const float v_scale = item_v_scale(p, one);
+  for (int r = 0; r < shape.rows; ++r) {
+    const int token = shape.first_token + one.q_begin + r / shape.group;
+    const int head = one.kv_head * shape.group + r % shape.group;
+    finish_row(p, token, head, sc.m[r], sc.l[r], sc.acc + r * d_size, v_scale);
+  }
+}
+
+// The chunked decode path over an item's KV heads: tile by tile, and within a
+// tile head by head, each head with its own state. One KV head per item reads
+// 4 KiB of each HND block (16 keys, head size 128, bf16) and jumps; all heads
+// of a block range read whole blocks, which the hardware prefetchers follow
+// (docs/perf.md, attempt 39). The next (tile, head) unit is prefetched while
+// one is computed.
+template <DType KV, class D>
+void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
+                      void* scratch) {
+  const ItemShape shape = item_shape(p, item.request, item.q_begin, item.q_end);
+  const int d_size = p.head_size;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const int heads = item.kv_heads;
+  const auto head_scratch = [&](int h) { return Scratch(scratch, d_size, shape.rows, h, heads); };
+  int lo = 0;
+  int hi = 0;  // the same for every head: no mask depends on the head
+  for (int h = 0; h < heads; ++h) {
+    const WorkItem one = head_of(item, h);
+    const Scratch sc = head_scratch(h);
+    begin_head(p, one, shape, sc, lo, hi);
+    load_queries(p, one, shape, p.scale * item_k_scale(p, one), sc.q);
+    reorder_rows<KV>(sc.q, sc.tmp, shape.rows, d_size, lanes, true);
+  }
+  const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
+  // A KV head's rows 2 KiB apart (NHD) share a few L1 sets, which one tile
+  // overflows: each unit's rows are copied together first (docs/perf.md,
+  // attempt 36), into the transposed-K and V-tile buffers this path leaves unused.
+  const bool staged = rows_scattered(p, d_size);
+  const unsigned char* staged_k[kTileKeys];
+  const unsigned char* staged_v[kTileKeys];
+  // Units in order: (tile 0, head 0), (tile 0, head 1), ... Row pointers of
+  // the unit computed and of the next one, prefetched meanwhile.
+  const unsigned char* unit_k[2][kTileKeys];
+  const unsigned char* unit_v[2][kTileKeys];
+  const int units = lo < hi ? (hi - lo + kTileKeys - 1) / kTileKeys * heads : 0;
+  const auto unit_t0 = [&](int u) { return lo + u / heads * kTileKeys; };
+  const auto unit_n = [&](int u) { return u < units ? std::min(kTileKeys, hi - unit_t0(u)) : 0; };
+  const auto pointers = [&](int u) {
+    tile_pointers(p, head_of(item, u % heads), shape, unit_t0(u), unit_n(u), unit_k[u % 2], unit_v[u % 2]);
+  };
+  if (units > 0) pointers(0);
+  for (int u = 0; u < units; ++u) {
+    if (u + 1 < units) pointers(u + 1);
+    const TilePrefetch ahead{unit_k[(u + 1) % 2], unit_v[(u + 1) % 2], unit_n(u + 1), cache_lines(row_bytes)};
+    const unsigned char* const* k_rows = unit_k[u % 2];  // [n] this unit's rows
+    const unsigned char* const* v_rows = unit_v[u % 2];
+    const int n = unit_n(u);
+    const Scratch sc = head_scratch(u % heads);
+    if (staged) {
+      stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
+      stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
+      k_rows = staged_k;
+      v_rows = staged_v;
+    }
+    tile_decode<KV>(d, p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead);
+  }
+  for (int h = 0; h < heads; ++h) {
+    const Scratch sc = head_scratch(h);
+    reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
+    end_head(p, head_of(item, h), shape, sc, partials);
+  }
+}
+
 // `dot`: take the AVX512-BF16 prefill paths where they apply (bf16 queries and
 // keys; head size a multiple of 32 for the scores, of 128 for P V).
 template <DType KV, class D>
@@ -1034,14 +1160,18 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
                   bool dot) {
   const ItemShape shape = item_shape(p, item.request, item.q_begin, item.q_end);
   const int d_size = p.head_size;
-  const Scratch sc(scratch, d_size, shape.rows);
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  if (takes_chunked_path<KV>(shape.rows, d_size, lanes))
+    return RunChunkedDecode<KV>(d, p, item, partials, scratch);
+  if (item.kv_heads > 1) {  // the other paths take one head after another
+    for (int h = 0; h < item.kv_heads; ++h) RunItemTyped<KV>(d, p, head_of(item, h), partials, scratch, dot);
+    return;
+  }
+  const Scratch sc(scratch, d_size, shape.rows, 0, 1);
   int lo = 0;
   int hi = 0;
-  fill_rows(p, item, shape, sc.rows, lo, hi);
-  lo = std::max(lo, item.k_begin);
-  hi = std::min(hi, item.k_end);
-  const float k_scale = kv_scale_of(p.k_scale, p.per_head_kv_scales, item.kv_head) * kv_load_rescale(KV);
-  const float v_scale = kv_scale_of(p.v_scale, p.per_head_kv_scales, item.kv_head) * kv_load_rescale(KV);
+  begin_head(p, item, shape, sc, lo, hi);
+  const float k_scale = item_k_scale(p, item);
   const bool packed = shape.rows >= kTransposeMinRows;
 #if HWY_TARGET == HWY_AVX3
   const bool full_vectors = d_size % static_cast<int>(hn::Lanes(d)) == 0 && hn::Lanes(d) == 16;
@@ -1063,13 +1193,6 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   static_cast<void>(dot);
   load_queries(p, item, shape, p.scale * k_scale, sc.q);
 #endif
-  const int lanes = static_cast<int>(hn::Lanes(d));
-  // The chunked decode path; AVX-512 keeps its own decode paths.
-  const bool chunked = HWY_TARGET != HWY_AVX3 && !packed && d_size % chunk_block<KV>(lanes) == 0;
-  if (chunked) reorder_rows<KV>(sc.q, sc.tmp, shape.rows, d_size, lanes, true);
-  std::fill(sc.acc, sc.acc + static_cast<std::size_t>(shape.rows) * d_size, 0.0f);
-  std::fill(sc.m, sc.m + shape.rows, neg_inf());
-  std::fill(sc.l, sc.l + shape.rows, 0.0f);
 
   const auto esize = static_cast<int>(dtype_size(KV));
   const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
@@ -1080,12 +1203,6 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   const unsigned char* far_k[kTileKeys];
   const unsigned char* far_v[kTileKeys];
   int cur = 0;
-  // A KV head's rows 2 KiB apart (NHD) share a few L1 sets, which one tile
-  // overflows: the chunked path copies each tile's rows together first
-  // (docs/perf.md, attempt 36).
-  const bool staged = chunked && rows_scattered(p, d_size);
-  const unsigned char* staged_k[kTileKeys];
-  const unsigned char* staged_v[kTileKeys];
   if (lo < hi) tile_pointers(p, item, shape, lo, std::min(kTileKeys, hi - lo), tile_k[cur], tile_v[cur]);
   for (int t0 = lo; t0 < hi; t0 += kTileKeys, cur ^= 1) {
     const int n = std::min(kTileKeys, hi - t0);
@@ -1094,17 +1211,6 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
     const int next = t0 + kTileKeys;
     const int next_n = next < hi ? std::min(kTileKeys, hi - next) : 0;
     if (next_n > 0) tile_pointers(p, item, shape, next, next_n, tile_k[cur ^ 1], tile_v[cur ^ 1]);
-    if (chunked) {
-      const TilePrefetch ahead{tile_k[cur ^ 1], tile_v[cur ^ 1], next_n, cache_lines(row_bytes)};
-      if (staged) {  // into the transposed-K and V-tile buffers, which this path leaves unused
-        stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
-        stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
-        k_rows = staged_k;
-        v_rows = staged_v;
-      }
-      tile_decode<KV>(d, p, sc, shape.rows, t0, n, k_rows, v_rows, ahead);
-      continue;
-    }
     prefetch_rows<kKeepInL1>(tile_k[cur ^ 1], next_n, row_bytes);
     prefetch_rows<kKeepInL1>(tile_v[cur ^ 1], next_n, row_bytes);
     const int far = t0 + kFarPrefetchTiles * kTileKeys;
@@ -1162,23 +1268,7 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
     }
   }
 
-  if (chunked) reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
-  if (item.partial_token >= 0) {
-    const std::size_t row_floats = partial_row_floats(d_size);
-    float* base = partials.data + static_cast<std::size_t>(item.partial_token) * shape.group * row_floats;
-    for (int r = 0; r < shape.rows; ++r) {
-      float* dst = base + static_cast<std::size_t>(r) * row_floats;
-      std::copy(sc.acc + r * d_size, sc.acc + (r + 1) * d_size, dst);
-      dst[d_size] = sc.m[r];
-      dst[d_size + 1] = sc.l[r];
-    }
-    return;
-  }
-  for (int r = 0; r < shape.rows; ++r) {
-    const int token = shape.first_token + item.q_begin + r / shape.group;
-    const int head = item.kv_head * shape.group + r % shape.group;
-    finish_row(p, token, head, sc.m[r], sc.l[r], sc.acc + r * d_size, v_scale);
-  }
+  end_head(p, item, shape, sc, partials);
 }
 
 template <class D>

@@ -91,14 +91,17 @@ struct AttentionParams {
 // masked inside the kernel, so [k_begin, k_end) only bounds what is read.
 struct WorkItem {
   std::int32_t request = 0;
-  std::int32_t kv_head = 0;
+  std::int32_t kv_head = 0;   // the first of its KV heads
+  std::int32_t kv_heads = 1;  // KV heads [kv_head, kv_head + kv_heads), each computed as on its own
   std::int32_t q_begin = 0;  // query tokens [q_begin, q_end) of the request
   std::int32_t q_end = 0;
   std::int32_t k_begin = 0;  // keys [k_begin, k_end) of the request
   std::int32_t k_end = 0;
   // < 0: the item covers every key and writes the output itself. Otherwise the
-  // first of its (q_end - q_begin) partial-state token slots (see PartialState).
+  // first of its (q_end - q_begin) partial-state token slots (see PartialState)
+  // for its first KV head; head kv_head + h starts h * partial_head_stride later.
   std::int64_t partial_token = -1;
+  std::int64_t partial_head_stride = 0;
 };
 
 // Combines the split partials of one (request, KV head, query tile), in split order.
@@ -120,15 +123,16 @@ struct PartialState {
 };
 
 // Floats per partial row, and bytes of per-thread scratch for a work item of
-// at most `max_rows` rows (= query tokens x GQA group).
+// at most `max_rows` rows (= query tokens x GQA group) and `max_kv_heads` KV heads.
 std::size_t partial_row_floats(int head_size);
-std::size_t scratch_bytes(int head_size, int max_rows);
+std::size_t scratch_bytes(int head_size, int max_rows, int max_kv_heads);
 
 // Alignment the scratch buffer must have.
 inline constexpr std::size_t kScratchAlignment = 64;
 
 // Runs one work item with the selected ISA. `scratch` holds at least
-// scratch_bytes(head_size, rows of the item) bytes, kScratchAlignment-aligned.
+// scratch_bytes(head_size, rows of the item, KV heads of the item) bytes,
+// kScratchAlignment-aligned.
 void run_work_item(const AttentionParams& params, const WorkItem& item, const PartialState& partials,
                    void* scratch);
 

@@ -27,7 +27,7 @@ struct AlignedFree {
 };
 
 // One request with `keys` cached keys (blocks in random order; NHD or HND
-// layout) and `queries` query tokens.
+// layout) and `queries` query tokens; scratch for items of `heads` KV heads.
 struct Fixture {
   std::vector<std::uint8_t> k_cache, v_cache, query, output;
   std::vector<std::int32_t> block_table, query_start_loc, seq_lens;
@@ -35,7 +35,7 @@ struct Fixture {
   std::unique_ptr<void, AlignedFree> scratch;
   AttentionParams p;
 
-  Fixture(int queries, int keys, DType kv_dtype, bool hnd) {
+  Fixture(int queries, int keys, DType kv_dtype, bool hnd, int heads) {
     const int blocks = (keys + kBlockSize - 1) / kBlockSize;
     const std::size_t kv_elems = static_cast<std::size_t>(blocks) * kBlockSize * kKvHeads * kHeadSize;
     std::mt19937 rng(3);
@@ -56,8 +56,8 @@ struct Fixture {
     partials.resize(static_cast<std::size_t>(queries) * kHeads * partial_row_floats(kHeadSize));
     const int rows = queries * (kHeads / kKvHeads);
     scratch.reset(std::aligned_alloc(kScratchAlignment,
-                                     (scratch_bytes(kHeadSize, rows) + kScratchAlignment - 1) / kScratchAlignment *
-                                         kScratchAlignment));
+                                     (scratch_bytes(kHeadSize, rows, heads) + kScratchAlignment - 1) /
+                                         kScratchAlignment * kScratchAlignment));
 
     p.num_heads = kHeads;
     p.num_kv_heads = kKvHeads;
@@ -87,7 +87,8 @@ struct Fixture {
   }
 };
 
-// Args: ISA index (cpu_attn_isa.h order), query tokens, keys, KV dtype, HND (1) or NHD (0).
+// Args: ISA index (cpu_attn_isa.h order), query tokens, keys, KV dtype, HND (1)
+// or NHD (0), KV heads of the item.
 void BM_WorkItem(benchmark::State& state) {
   const auto isa = static_cast<Isa>(state.range(0));
   if (!set_isa(isa)) {
@@ -96,18 +97,20 @@ void BM_WorkItem(benchmark::State& state) {
   }
   const int queries = static_cast<int>(state.range(1));
   const int keys = static_cast<int>(state.range(2));
-  Fixture f(queries, keys, static_cast<DType>(state.range(3)), state.range(4) != 0);
-  const WorkItem item{0, 0, 0, queries, 0, keys, -1};
+  const int heads = static_cast<int>(state.range(5));
+  Fixture f(queries, keys, static_cast<DType>(state.range(3)), state.range(4) != 0, heads);
+  const WorkItem item{0, 0, heads, 0, queries, 0, keys, -1, 0};
   for (auto _ : state) {
     run_work_item(f.p, item, PartialState{f.partials.data(), kHeads / kKvHeads}, f.scratch.get());
     benchmark::ClobberMemory();
   }
-  const double group = kHeads / kKvHeads;
+  const double group = static_cast<double>(kHeads) / kKvHeads * heads;
   const double pairs = queries == 1 ? keys : static_cast<double>(queries) * keys;  // non-causal item
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * pairs * group * kHeadSize * 1e-9 * state.iterations(),
                                                  benchmark::Counter::kIsRate);
   state.counters["GB/s"] = benchmark::Counter(
-      2.0 * keys * kHeadSize * dtype_size(f.p.kv_dtype) * 1e-9 * state.iterations(), benchmark::Counter::kIsRate);
+      2.0 * keys * heads * kHeadSize * dtype_size(f.p.kv_dtype) * 1e-9 * state.iterations(),
+      benchmark::Counter::kIsRate);
   state.SetLabel(std::string(isa_name(isa)));
 }
 
@@ -117,17 +120,20 @@ void Args(benchmark::internal::Benchmark* b) {
   for (const Isa isa : compiled_isas()) {
     const auto i = static_cast<std::int64_t>(isa);
     for (const std::int64_t hnd : {0, 1}) {
-      b->Args({i, 1, 8192, bf16, hnd});  // decode, one KV head
-      b->Args({i, 1, 8192, fp8, hnd});   // fp8 decode
+      b->Args({i, 1, 8192, bf16, hnd, 1});  // decode, one KV head
+      b->Args({i, 1, 8192, fp8, hnd, 1});   // fp8 decode
+      // Every KV head: one core reads whole blocks (32 MiB of bf16 K/V).
+      b->Args({i, 1, 8192, bf16, hnd, kKvHeads});
+      b->Args({i, 1, 8192, fp8, hnd, kKvHeads});
       // The item's K/V (128 KiB of 256 keys) stays in L2: the compute alone.
-      b->Args({i, 1, 256, bf16, hnd});
-      b->Args({i, 1, 256, fp8, hnd});
+      b->Args({i, 1, 256, bf16, hnd, 1});
+      b->Args({i, 1, 256, fp8, hnd, 1});
     }
-    b->Args({i, 16, 2048, bf16, 0});  // prefill tile
+    b->Args({i, 16, 2048, bf16, 0, 1});  // prefill tile
   }
 }
 
-BENCHMARK(BM_WorkItem)->Apply(Args)->ArgNames({"isa", "q", "keys", "kv", "hnd"});
+BENCHMARK(BM_WorkItem)->Apply(Args)->ArgNames({"isa", "q", "keys", "kv", "hnd", "heads"});
 
 }  // namespace
 }  // namespace pagedattn::cpu_attn
