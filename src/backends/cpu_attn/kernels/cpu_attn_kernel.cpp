@@ -1093,9 +1093,9 @@ void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& sh
 // The chunked decode path over an item's KV heads: tile by tile, and within a
 // tile head by head, each head with its own state. One KV head per item reads
 // 4 KiB of each HND block (16 keys, head size 128, bf16) and jumps; all heads
-// of a block range read whole blocks, which the hardware prefetchers follow
-// (docs/perf.md, attempt 39). The next (tile, head) unit is prefetched while
-// one is computed.
+// of a block range read whole blocks, measured faster (docs/perf.md, attempt
+// 39; the software prefetches still carry the reads). The next (tile, head)
+// unit is prefetched while one is computed.
 template <DType KV, class D>
 void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
                       void* scratch) {
@@ -1161,8 +1161,9 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   const ItemShape shape = item_shape(p, item.request, item.q_begin, item.q_end);
   const int d_size = p.head_size;
   const int lanes = static_cast<int>(hn::Lanes(d));
-  if (takes_chunked_path<KV>(shape.rows, d_size, lanes))
+  if (takes_chunked_path<KV>(shape.rows, d_size, lanes)) {
     return RunChunkedDecode<KV>(d, p, item, partials, scratch);
+  }
   if (item.kv_heads > 1) {  // the other paths take one head after another
     for (int h = 0; h < item.kv_heads; ++h) RunItemTyped<KV>(d, p, head_of(item, h), partials, scratch, dot);
     return;
