@@ -14,9 +14,12 @@ std::int64_t item_cost(const WorkItem& item, int context_len, bool causal) {
   return static_cast<std::int64_t>(item.q_end - item.q_begin) * std::max(1, k_end - item.k_begin);
 }
 
+// Decodes and short speculative steps: split along their keys, KV heads grouped.
+bool decode_like(int q_len) { return q_len > 0 && q_len <= kSplitMaxQueryTokens; }
+
 // Key splits of a request (1: not split).
 int key_splits(int q_len, int keys) {
-  return q_len <= kSplitMaxQueryTokens ? std::max(1, (keys + kSplitKeys - 1) / kSplitKeys) : 1;
+  return decode_like(q_len) ? std::max(1, (keys + kSplitKeys - 1) / kSplitKeys) : 1;
 }
 
 }  // namespace
@@ -34,7 +37,7 @@ WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span
   std::int64_t decode_pieces = 0;
   for (int r = 0; r < num_reqs; ++r) {
     const int q_len = q_len_of(r);
-    if (q_len > 0 && q_len <= kSplitMaxQueryTokens) {
+    if (decode_like(q_len)) {
       decode_pieces += key_splits(q_len, seq_lens[static_cast<std::size_t>(r)]);
     }
   }
@@ -51,7 +54,7 @@ WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span
     if (q_len <= 0) continue;
     const int context_len = keys - q_len;
     const int splits = key_splits(q_len, keys);
-    const int heads = q_len <= kSplitMaxQueryTokens ? group_heads : 1;
+    const int heads = decode_like(q_len) ? group_heads : 1;
     plan.max_item_kv_heads = std::max(plan.max_item_kv_heads, heads);
     // Each KV head's split partials are adjacent (one merge reads them).
     const std::int64_t head_slots = static_cast<std::int64_t>(splits) * q_len;

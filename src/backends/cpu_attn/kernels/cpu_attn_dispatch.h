@@ -28,9 +28,8 @@ struct RowInfo {
 };
 
 // Carves one work item's buffers out of the caller's scratch: per KV head of
-// the item its own state, then the tile buffers (kt, vf, tmp) once. (One head's
-// layout is the one the prefill paths were measured with: kt and vf moved
-// before q and acc measured ~9% slower on q2k.)
+// the item its own state, then the tile buffers (kt, vf, tmp) once, so a
+// one-head item keeps the layout its paths were tuned with.
 struct Scratch {
   float* q = nullptr;       // [rows, D] query, times scale (and the K dequant scale)
   float* acc = nullptr;     // [rows, D] unnormalized output

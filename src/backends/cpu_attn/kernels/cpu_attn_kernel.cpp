@@ -98,9 +98,11 @@ const unsigned char* element(const void* base, std::int64_t offset, DType t) {
   return static_cast<const unsigned char*>(base) + offset * static_cast<std::int64_t>(dtype_size(t));
 }
 
-float kv_scale_of(const float* scales, bool per_head, int kv_head) {
-  if (scales == nullptr) return 1.0f;
-  return scales[per_head ? kv_head : 0];
+// What a KV head's K or V values (`scales`: p.k_scale or p.v_scale) are
+// multiplied by: the fp8 dequantization scale times LoadKV's rescale.
+float dequant_scale(const AttentionParams& p, const float* scales, int kv_head) {
+  const float scale = scales == nullptr ? 1.0f : scales[p.per_head_kv_scales ? kv_head : 0];
+  return scale * kv_load_rescale(p.kv_dtype);
 }
 
 // ---- one work item -------------------------------------------------------------
@@ -1046,15 +1048,6 @@ WorkItem head_of(const WorkItem& item, int h) {
   return one;
 }
 
-// The K and V dequantization scales of a single-head item (LoadKV's rescale
-// included).
-float item_k_scale(const AttentionParams& p, const WorkItem& one) {
-  return kv_scale_of(p.k_scale, p.per_head_kv_scales, one.kv_head) * kv_load_rescale(p.kv_dtype);
-}
-float item_v_scale(const AttentionParams& p, const WorkItem& one) {
-  return kv_scale_of(p.v_scale, p.per_head_kv_scales, one.kv_head) * kv_load_rescale(p.kv_dtype);
-}
-
 // A single-head item's rows, the keys [lo, hi) it reads and its zeroed
 // online-softmax state.
 void begin_head(const AttentionParams& p, const WorkItem& one, const ItemShape& shape, const Scratch& sc,
@@ -1082,7 +1075,7 @@ void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& sh
     }
     return;
   }
-  const float v_scale = item_v_scale(p, one);
+  const float v_scale = dequant_scale(p, p.v_scale, one.kv_head);
   for (int r = 0; r < shape.rows; ++r) {
     const int token = shape.first_token + one.q_begin + r / shape.group;
     const int head = one.kv_head * shape.group + r % shape.group;
@@ -1110,7 +1103,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     const WorkItem one = head_of(item, h);
     const Scratch sc = head_scratch(h);
     begin_head(p, one, shape, sc, lo, hi);
-    load_queries(p, one, shape, p.scale * item_k_scale(p, one), sc.q);
+    load_queries(p, one, shape, p.scale * dequant_scale(p, p.k_scale, one.kv_head), sc.q);
     reorder_rows<KV>(sc.q, sc.tmp, shape.rows, d_size, lanes, true);
   }
   const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
@@ -1172,7 +1165,7 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   int lo = 0;
   int hi = 0;
   begin_head(p, item, shape, sc, lo, hi);
-  const float k_scale = item_k_scale(p, item);
+  const float k_scale = dequant_scale(p, p.k_scale, item.kv_head);
   const bool packed = shape.rows >= kTransposeMinRows;
 #if HWY_TARGET == HWY_AVX3
   const bool full_vectors = d_size % static_cast<int>(hn::Lanes(d)) == 0 && hn::Lanes(d) == 16;
@@ -1312,7 +1305,7 @@ void RunMerge(const AttentionParams& p, const MergeItem& item, const PartialStat
   const std::size_t row_floats = partial_row_floats(d_size);
   const std::size_t split_floats = static_cast<std::size_t>(q_tokens) * group * row_floats;
   float* first = partials.data + static_cast<std::size_t>(item.first_partial_token) * group * row_floats;
-  const float v_scale = kv_scale_of(p.v_scale, p.per_head_kv_scales, item.kv_head) * kv_load_rescale(p.kv_dtype);
+  const float v_scale = dequant_scale(p, p.v_scale, item.kv_head);
   const int first_token = p.query_start_loc[item.request];
   // The first split's accumulator row is rescaled in place; partials are scratch.
   for (int r = 0; r < rows; ++r) {
