@@ -1154,13 +1154,6 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   const ItemShape shape = item_shape(p, item.request, item.q_begin, item.q_end);
   const int d_size = p.head_size;
   const int lanes = static_cast<int>(hn::Lanes(d));
-  if (takes_chunked_path<KV>(shape.rows, d_size, lanes)) {
-    return RunChunkedDecode<KV>(d, p, item, partials, scratch);
-  }
-  if (item.kv_heads > 1) {  // the other paths take one head after another
-    for (int h = 0; h < item.kv_heads; ++h) RunItemTyped<KV>(d, p, head_of(item, h), partials, scratch, dot);
-    return;
-  }
   const Scratch sc(scratch, d_size, shape.rows, 0, 1);
   int lo = 0;
   int hi = 0;
@@ -1265,20 +1258,32 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   end_head(p, item, shape, sc, partials);
 }
 
+// An item of one or more KV heads: the chunked decode path walks the heads
+// together; the other paths take them one after another.
+template <DType KV, class D>
+void RunItemHeads(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
+                  void* scratch, bool dot) {
+  const int rows = (item.q_end - item.q_begin) * (p.num_heads / p.num_kv_heads);
+  if (takes_chunked_path<KV>(rows, p.head_size, static_cast<int>(hn::Lanes(d)))) {
+    return RunChunkedDecode<KV>(d, p, item, partials, scratch);
+  }
+  for (int h = 0; h < item.kv_heads; ++h) RunItemTyped<KV>(d, p, head_of(item, h), partials, scratch, dot);
+}
+
 template <class D>
 void RunItemForDescriptor(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
                           void* scratch, bool dot) {
   switch (p.kv_dtype) {
     case DType::F32:
-      return RunItemTyped<DType::F32>(d, p, item, partials, scratch, dot);
+      return RunItemHeads<DType::F32>(d, p, item, partials, scratch, dot);
     case DType::F16:
-      return RunItemTyped<DType::F16>(d, p, item, partials, scratch, dot);
+      return RunItemHeads<DType::F16>(d, p, item, partials, scratch, dot);
     case DType::BF16:
-      return RunItemTyped<DType::BF16>(d, p, item, partials, scratch, dot);
+      return RunItemHeads<DType::BF16>(d, p, item, partials, scratch, dot);
     case DType::FP8_E4M3:
-      return RunItemTyped<DType::FP8_E4M3>(d, p, item, partials, scratch, dot);
+      return RunItemHeads<DType::FP8_E4M3>(d, p, item, partials, scratch, dot);
     case DType::FP8_E5M2:
-      return RunItemTyped<DType::FP8_E5M2>(d, p, item, partials, scratch, dot);
+      return RunItemHeads<DType::FP8_E5M2>(d, p, item, partials, scratch, dot);
     default:
       return;  // the backend admits no other KV dtype
   }
