@@ -979,6 +979,19 @@ void tile_decode(D d, const AttentionParams& p, const Scratch& sc, int rows, int
   tile_decode_rows<KV, false>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
 }
 
+#if HWY_TARGET == HWY_AVX3
+// One tile of the AVX512-BF16 decode path. `score_scale`: the softmax scale
+// times the KV head's K dequantization scale (the bf16 queries stay unscaled).
+template <DType KV>
+void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
+                     const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                     const TilePrefetch& ahead, float score_scale) {
+  ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
+  softmax_tile(hn::ScalableTag<float>(), p, sc, rows, t0, n);
+  AccumulatePvDecodeBf16<KV>(sc, rows, p.head_size, n, v_rows);
+}
+#endif
+
 // Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
 void finish_row(const AttentionParams& p, int token, int head, float m, float l, const float* acc, float v_scale) {
   const int d_size = p.head_size;
@@ -1033,10 +1046,27 @@ void stage_rows([[maybe_unused]] D d, const unsigned char* const* rows, int n, s
 }
 
 // Whether an item of `rows` rows takes the chunked decode path (AVX-512 keeps
-// its own decode paths).
+// its own tile functions, takes_decode_dot).
 template <DType KV>
 bool takes_chunked_path(int rows, int d_size, int lanes) {
   return HWY_TARGET != HWY_AVX3 && rows < kTransposeMinRows && d_size % chunk_block<KV>(lanes) == 0;
+}
+
+// Whether a decode item takes the AVX512-BF16 decode path (bf16 queries, bf16
+// or e4m3 K/V, head size a multiple of kDecodeChunk; `dot`: the CPU has
+// AVX512-BF16). Its tiles are walked like the chunked path's
+// (RunChunkedDecode); a rowwise vdpbf16ps loop measured slower than fp32
+// (docs/perf.md, attempt 2): converting whole 64-value chunks and pairing V
+// keys is what makes it pay (attempt 13).
+template <DType KV>
+bool takes_decode_dot([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] int rows,
+                      [[maybe_unused]] bool dot) {
+#if HWY_TARGET == HWY_AVX3
+  return (KV == DType::BF16 || KV == DType::FP8_E4M3) && dot && rows < kTransposeMinRows &&
+         p.query.dtype == DType::BF16 && p.head_size % kDecodeChunk == 0;
+#else
+  return false;
+#endif
 }
 
 // The item restricted to its KV head number h.
@@ -1088,10 +1118,11 @@ void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& sh
 // 4 KiB of each HND block (16 keys, head size 128, bf16) and jumps; all heads
 // of a block range read whole blocks, measured faster (docs/perf.md, attempt
 // 39; the software prefetches still carry the reads). The next (tile, head)
-// unit is prefetched while one is computed.
+// unit is prefetched while one is computed. `decode_dot`: the tiles are the
+// AVX512-BF16 decode path's (takes_decode_dot), with bf16 queries in head order.
 template <DType KV, class D>
 void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
-                      void* scratch) {
+                      void* scratch, bool decode_dot) {
   const ItemShape shape = item_shape(p, item.request, item.q_begin, item.q_end);
   const int d_size = p.head_size;
   const int lanes = static_cast<int>(hn::Lanes(d));
@@ -1103,6 +1134,12 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     const WorkItem one = head_of(item, h);
     const Scratch sc = head_scratch(h);
     begin_head(p, one, shape, sc, lo, hi);
+#if HWY_TARGET == HWY_AVX3
+    if (decode_dot) {
+      LoadQueriesBf16(p, one, shape, reinterpret_cast<std::uint16_t*>(sc.q));
+      continue;
+    }
+#endif
     load_queries(p, one, shape, p.scale * dequant_scale(p, p.k_scale, one.kv_head), sc.q);
     reorder_rows<KV>(sc.q, sc.tmp, shape.rows, d_size, lanes, true);
   }
@@ -1137,11 +1174,20 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
       k_rows = staged_k;
       v_rows = staged_v;
     }
+#if HWY_TARGET == HWY_AVX3
+    if constexpr (KV == DType::BF16 || KV == DType::FP8_E4M3) {
+      if (decode_dot) {
+        const float score_scale = p.scale * dequant_scale(p, p.k_scale, item.kv_head + u % heads);
+        tile_decode_dot<KV>(p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, score_scale);
+        continue;
+      }
+    }
+#endif
     tile_decode<KV>(d, p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead);
   }
   for (int h = 0; h < heads; ++h) {
     const Scratch sc = head_scratch(h);
-    reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
+    if (!decode_dot) reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
     end_head(p, head_of(item, h), shape, sc, partials);
   }
 }
@@ -1165,13 +1211,7 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   // The prefill (packed) bf16 dot-product paths.
   const bool bf16_dot =
       dot && packed && KV == DType::BF16 && p.query.dtype == DType::BF16 && d_size % kBf16PerVector == 0;
-  // Decodes with bf16 queries and bf16 or e4m3 K/V: the vdpbf16ps decode path
-  // (a rowwise vdpbf16ps loop without it measured slower than fp32, attempt 2;
-  // converting whole 64-value chunks and pairing V keys is what makes it pay).
-  constexpr bool kDecodeDotKv = KV == DType::BF16 || KV == DType::FP8_E4M3;
-  const bool decode_dot = kDecodeDotKv && dot && !packed && full_vectors && p.query.dtype == DType::BF16 &&
-                          d_size % kDecodeChunk == 0;
-  if (bf16_dot || decode_dot) {
+  if (bf16_dot) {
     LoadQueriesBf16(p, item, shape, reinterpret_cast<std::uint16_t*>(sc.q));
   } else {
     load_queries(p, item, shape, p.scale * k_scale, sc.q);
@@ -1210,8 +1250,6 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
 #if HWY_TARGET == HWY_AVX3
     if (bf16_dot) {
       ScoresTransposedBf16(sc, shape.rows, d_size, n, k_rows, p.scale);
-    } else if (decode_dot) {
-      if constexpr (kDecodeDotKv) ScoresDecodeBf16<KV>(sc, shape.rows, d_size, n, k_rows, p.scale * k_scale);
     } else if (packed) {
       scores_transposed<KV>(d, sc, shape.rows, d_size, n, k_rows);
     } else if (full_vectors) {
@@ -1243,14 +1281,6 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
       }
       accumulate_pv<KV>(d, sc, shape.rows, d_size, n, nullptr);
     } else {
-#if HWY_TARGET == HWY_AVX3
-      if constexpr (kDecodeDotKv) {
-        if (decode_dot) {
-          AccumulatePvDecodeBf16<KV>(sc, shape.rows, d_size, n, v_rows);
-          continue;
-        }
-      }
-#endif
       accumulate_pv<KV>(d, sc, shape.rows, d_size, n, v_rows);
     }
   }
@@ -1264,8 +1294,9 @@ template <DType KV, class D>
 void RunItemHeads(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
                   void* scratch, bool dot) {
   const int rows = (item.q_end - item.q_begin) * (p.num_heads / p.num_kv_heads);
-  if (takes_chunked_path<KV>(rows, p.head_size, static_cast<int>(hn::Lanes(d)))) {
-    return RunChunkedDecode<KV>(d, p, item, partials, scratch);
+  const bool decode_dot = takes_decode_dot<KV>(p, rows, dot);
+  if (decode_dot || takes_chunked_path<KV>(rows, p.head_size, static_cast<int>(hn::Lanes(d)))) {
+    return RunChunkedDecode<KV>(d, p, item, partials, scratch, decode_dot);
   }
   for (int h = 0; h < item.kv_heads; ++h) RunItemTyped<KV>(d, p, head_of(item, h), partials, scratch, dot);
 }

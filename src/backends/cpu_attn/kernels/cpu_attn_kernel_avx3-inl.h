@@ -289,10 +289,12 @@ HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 
 // S = (Q K^T) * scale for a decode tile, four rows x four keys per step. Q
 // holds the bf16 query rows (LoadQueriesBf16). Score columns past n get
-// duplicates of a real key's scores; softmax_tile masks them.
+// duplicates of a real key's scores; softmax_tile masks them. The first row
+// block's steps prefetch the tile ahead, a few keys per step.
 template <DType KV>
 PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
-                                              const unsigned char* const* k_rows, float scale) {
+                                              const unsigned char* const* k_rows, float scale,
+                                              const TilePrefetch& ahead) {
   static_assert(kTileKeys % kDecodeKeyBlock == 0, "key steps tile the score row");
   const E4M3Regs t = LoadE4M3Regs();
   const auto* q16 = reinterpret_cast<const std::uint16_t*>(sc.q);
@@ -306,6 +308,7 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
     for (int i0 = 0; i0 < n; i0 += kDecodeKeyBlock) {
       const unsigned char* k[kDecodeKeyBlock];
       for (int j = 0; j < kDecodeKeyBlock; ++j) k[j] = k_rows[i0 + j < n ? i0 + j : i0];
+      prefetch_ahead(r0 == 0 ? &ahead : nullptr, i0, kDecodeKeyBlock);
       __m512 acc[kRowBlock][kDecodeKeyBlock];
       for (int r = 0; r < kRowBlock; ++r) {
         for (int j = 0; j < kDecodeKeyBlock; ++j) acc[r][j] = _mm512_setzero_ps();
