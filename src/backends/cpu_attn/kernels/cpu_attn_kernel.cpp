@@ -206,6 +206,9 @@ void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemSha
 // The chunked decode path instead spreads the next tile's prefetches over its
 // score loops (TilePrefetch, attempt 26).
 constexpr int kFarPrefetchTiles = 4;
+// The same for RunChunkedDecode's AVX512-BF16 tiles, in (tile, head) units,
+// spread over the P V loop (docs/perf.md, attempt 41: 8 to 16 measured alike).
+constexpr int kFarPrefetchUnits = 8;
 // __builtin_prefetch locality hints.
 constexpr int kKeepInL1 = 3;
 constexpr int kKeepInL2 = 2;
@@ -980,15 +983,17 @@ void tile_decode(D d, const AttentionParams& p, const Scratch& sc, int rows, int
 }
 
 #if HWY_TARGET == HWY_AVX3
-// One tile of the AVX512-BF16 decode path. `score_scale`: the softmax scale
-// times the KV head's K dequantization scale (the bf16 queries stay unscaled).
+// One tile of the AVX512-BF16 decode path: `ahead` is prefetched into L1 from
+// the score loop, `far` into L2 from the P V loop. `score_scale`: the softmax
+// scale times the KV head's K dequantization scale (the bf16 queries stay
+// unscaled).
 template <DType KV>
 void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                      const unsigned char* const* k_rows, const unsigned char* const* v_rows,
-                     const TilePrefetch& ahead, float score_scale) {
+                     const TilePrefetch& ahead, const TilePrefetch& far, float score_scale) {
   ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
   softmax_tile(hn::ScalableTag<float>(), p, sc, rows, t0, n);
-  AccumulatePvDecodeBf16<KV>(sc, rows, p.head_size, n, v_rows);
+  AccumulatePvDecodeBf16<KV>(sc, rows, p.head_size, n, v_rows, far);
 }
 #endif
 
@@ -1118,8 +1123,10 @@ void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& sh
 // 4 KiB of each HND block (16 keys, head size 128, bf16) and jumps; all heads
 // of a block range read whole blocks, measured faster (docs/perf.md, attempt
 // 39; the software prefetches still carry the reads). The next (tile, head)
-// unit is prefetched while one is computed. `decode_dot`: the tiles are the
-// AVX512-BF16 decode path's (takes_decode_dot), with bf16 queries in head order.
+// unit is prefetched into L1 while one is computed; the AVX512-BF16 tiles also
+// prefetch the unit kFarPrefetchUnits ahead into L2: on Zen 4 the L2 hint
+// leaves the L1 miss buffers to the near prefetches and demand loads (attempt 41). `decode_dot`: the tiles
+// are the AVX512-BF16 decode path's (takes_decode_dot), with bf16 queries in head order.
 template <DType KV, class D>
 void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
                       void* scratch, bool decode_dot) {
@@ -1164,6 +1171,15 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
   for (int u = 0; u < units; ++u) {
     if (u + 1 < units) pointers(u + 1);
     const TilePrefetch ahead{unit_k[(u + 1) % 2], unit_v[(u + 1) % 2], unit_n(u + 1), cache_lines(row_bytes)};
+    // [n] K and V rows of the unit kFarPrefetchUnits ahead (the AVX512-BF16 tiles)
+    const unsigned char* far_k[kTileKeys];
+    const unsigned char* far_v[kTileKeys];
+    TilePrefetch far{far_k, far_v, 0, 0};
+    if (decode_dot && u + kFarPrefetchUnits < units) {
+      const int f = u + kFarPrefetchUnits;
+      far.n = unit_n(f);
+      tile_pointers(p, head_of(item, f % heads), shape, unit_t0(f), far.n, far_k, far_v);
+    }
     const unsigned char* const* k_rows = unit_k[u % 2];  // [n] this unit's rows
     const unsigned char* const* v_rows = unit_v[u % 2];
     const int n = unit_n(u);
@@ -1178,7 +1194,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     if constexpr (KV == DType::BF16 || KV == DType::FP8_E4M3) {
       if (decode_dot) {
         const float score_scale = p.scale * dequant_scale(p, p.k_scale, item.kv_head + u % heads);
-        tile_decode_dot<KV>(p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, score_scale);
+        tile_decode_dot<KV>(p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, far, score_scale);
         continue;
       }
     }

@@ -348,13 +348,16 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
 // acc = alpha * acc + P V for a decode tile: V rows interleaved in key pairs
 // as they are read, probabilities rounded to bf16 pairs (as the prefill path,
 // AccumulatePvBf16). Four rows x four vectors (16 accumulators) per pass over
-// kDecodeChunk columns.
+// kDecodeChunk columns. The first row block's passes prefetch the `far` unit's
+// K and V into L2, the columns and keys each pass reads.
 template <DType KV>
 PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
-                                                    const unsigned char* const* v_rows) {
+                                                    const unsigned char* const* v_rows,
+                                                    const TilePrefetch& far) {
   constexpr int kVectors = kDecodeChunk / kFloatsPerVector;
   const E4M3Regs t = LoadE4M3Regs();
   const auto esize = static_cast<int>(dtype_size(KV));
+  constexpr int kChunkLines = kDecodeChunk * static_cast<int>(dtype_size(KV)) / kCacheLine;
   const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                           37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
@@ -383,6 +386,12 @@ PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows,
         for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_mul_ps(_mm512_load_ps(a[r] + c0 + v * kFloatsPerVector), alpha[r]);
       }
       for (int j = 0; j < pairs; ++j) {
+        if (r0 == 0) {  // the far unit's chunk c0 of the pair's keys
+          for (int key = 2 * j; key < std::min(far.n, 2 * j + 2); ++key) {
+            prefetch_lines<kKeepInL2>(far.k_rows[key] + c0 * esize, kChunkLines);
+            prefetch_lines<kKeepInL2>(far.v_rows[key] + c0 * esize, kChunkLines);
+          }
+        }
         // A missing second key (odd n) reads as zero: its probability is 0, but
         // the cache behind it may hold NaN.
         __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
