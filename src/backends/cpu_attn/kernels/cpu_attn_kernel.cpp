@@ -1050,8 +1050,8 @@ void stage_rows([[maybe_unused]] D d, const unsigned char* const* rows, int n, s
   }
 }
 
-// Whether an item of `rows` rows takes the chunked decode path (AVX-512 keeps
-// its own tile functions, takes_decode_dot).
+// Whether an item of `rows` rows takes the chunked decode path with its
+// chunk tiles (AVX-512 walks it only with its vdpbf16ps tiles, takes_decode_dot).
 template <DType KV>
 bool takes_chunked_path(int rows, int d_size, int lanes) {
   return HWY_TARGET != HWY_AVX3 && rows < kTransposeMinRows && d_size % chunk_block<KV>(lanes) == 0;
@@ -1123,10 +1123,11 @@ void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& sh
 // 4 KiB of each HND block (16 keys, head size 128, bf16) and jumps; all heads
 // of a block range read whole blocks, measured faster (docs/perf.md, attempt
 // 39; the software prefetches still carry the reads). The next (tile, head)
-// unit is prefetched into L1 while one is computed; the AVX512-BF16 tiles also
-// prefetch the unit kFarPrefetchUnits ahead into L2: on Zen 4 the L2 hint
-// leaves the L1 miss buffers to the near prefetches and demand loads (attempt 41). `decode_dot`: the tiles
-// are the AVX512-BF16 decode path's (takes_decode_dot), with bf16 queries in head order.
+// unit is prefetched into L1 while one is computed. `decode_dot`: the tiles are
+// the AVX512-BF16 decode path's (takes_decode_dot), with bf16 queries in head
+// order; they also prefetch the unit kFarPrefetchUnits ahead into L2 (on Zen 4
+// the L2 hint leaves the L1 miss buffers to the near prefetches and the
+// demand loads, attempt 41).
 template <DType KV, class D>
 void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
                       void* scratch, bool decode_dot) {
