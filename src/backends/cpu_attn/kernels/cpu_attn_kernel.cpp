@@ -1159,30 +1159,29 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
   const unsigned char* staged_k[kTileKeys];
   const unsigned char* staged_v[kTileKeys];
   // Units in order: (tile 0, head 0), (tile 0, head 1), ... Row pointers of
-  // the unit computed and of the next one, prefetched meanwhile.
-  const unsigned char* unit_k[2][kTileKeys];
-  const unsigned char* unit_v[2][kTileKeys];
+  // the units from the one computed to the last one prefetched, each computed
+  // once: the next unit is prefetched into L1 and, for the AVX512-BF16 tiles,
+  // the one kFarPrefetchUnits ahead into L2.
+  constexpr int kUnitRing = kFarPrefetchUnits + 1;
+  const unsigned char* unit_k[kUnitRing][kTileKeys];
+  const unsigned char* unit_v[kUnitRing][kTileKeys];
+  const int lookahead = decode_dot ? kFarPrefetchUnits : 1;
   const int units = lo < hi ? (hi - lo + kTileKeys - 1) / kTileKeys * heads : 0;
   const auto unit_t0 = [&](int u) { return lo + u / heads * kTileKeys; };
   const auto unit_n = [&](int u) { return u < units ? std::min(kTileKeys, hi - unit_t0(u)) : 0; };
   const auto pointers = [&](int u) {
-    tile_pointers(p, head_of(item, u % heads), shape, unit_t0(u), unit_n(u), unit_k[u % 2], unit_v[u % 2]);
+    tile_pointers(p, head_of(item, u % heads), shape, unit_t0(u), unit_n(u), unit_k[u % kUnitRing],
+                  unit_v[u % kUnitRing]);
   };
-  if (units > 0) pointers(0);
+  const auto prefetch_of = [&](int u, int lines) {
+    return TilePrefetch{unit_k[u % kUnitRing], unit_v[u % kUnitRing], unit_n(u), lines};
+  };
+  for (int u = 0; u < std::min(units, lookahead); ++u) pointers(u);
   for (int u = 0; u < units; ++u) {
-    if (u + 1 < units) pointers(u + 1);
-    const TilePrefetch ahead{unit_k[(u + 1) % 2], unit_v[(u + 1) % 2], unit_n(u + 1), cache_lines(row_bytes)};
-    // [n] K and V rows of the unit kFarPrefetchUnits ahead (the AVX512-BF16 tiles)
-    const unsigned char* far_k[kTileKeys];
-    const unsigned char* far_v[kTileKeys];
-    TilePrefetch far{far_k, far_v, 0, 0};
-    if (decode_dot && u + kFarPrefetchUnits < units) {
-      const int f = u + kFarPrefetchUnits;
-      far.n = unit_n(f);
-      tile_pointers(p, head_of(item, f % heads), shape, unit_t0(f), far.n, far_k, far_v);
-    }
-    const unsigned char* const* k_rows = unit_k[u % 2];  // [n] this unit's rows
-    const unsigned char* const* v_rows = unit_v[u % 2];
+    if (u + lookahead < units) pointers(u + lookahead);
+    const TilePrefetch ahead = prefetch_of(u + 1, cache_lines(row_bytes));
+    const unsigned char* const* k_rows = unit_k[u % kUnitRing];  // [n] this unit's rows
+    const unsigned char* const* v_rows = unit_v[u % kUnitRing];
     const int n = unit_n(u);
     const Scratch sc = head_scratch(u % heads);
     if (staged) {
@@ -1195,6 +1194,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     if constexpr (KV == DType::BF16 || KV == DType::FP8_E4M3) {
       if (decode_dot) {
         const float score_scale = p.scale * dequant_scale(p, p.k_scale, item.kv_head + u % heads);
+        const TilePrefetch far = prefetch_of(u + kFarPrefetchUnits, 0);
         tile_decode_dot<KV>(p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, far, score_scale);
         continue;
       }
