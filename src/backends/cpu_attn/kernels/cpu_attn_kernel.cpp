@@ -1067,8 +1067,8 @@ template <DType KV>
 bool takes_decode_dot([[maybe_unused]] const AttentionParams& p, [[maybe_unused]] int rows,
                       [[maybe_unused]] bool dot) {
 #if HWY_TARGET == HWY_AVX3
-  return (KV == DType::BF16 || KV == DType::FP8_E4M3) && dot && rows < kTransposeMinRows &&
-         p.query.dtype == DType::BF16 && p.head_size % kDecodeChunk == 0;
+  return kDecodeDotKV<KV> && dot && rows < kTransposeMinRows && p.query.dtype == DType::BF16 &&
+         p.head_size % kDecodeChunk == 0;
 #else
   return false;
 #endif
@@ -1143,9 +1143,12 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     const Scratch sc = head_scratch(h);
     begin_head(p, one, shape, sc, lo, hi);
 #if HWY_TARGET == HWY_AVX3
-    if (decode_dot) {
-      LoadQueriesBf16(p, one, shape, reinterpret_cast<std::uint16_t*>(sc.q));
-      continue;
+    if constexpr (kDecodeDotKV<KV>) {
+      if (decode_dot) {
+        LoadQueriesBf16(p, one, shape, reinterpret_cast<std::uint16_t*>(sc.q));
+        QueriesToKeySlotOrder<KV>(reinterpret_cast<std::uint16_t*>(sc.q), shape.rows, d_size);
+        continue;
+      }
     }
 #endif
     load_queries(p, one, shape, p.scale * dequant_scale(p, p.k_scale, one.kv_head), sc.q);
@@ -1191,7 +1194,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
       v_rows = staged_v;
     }
 #if HWY_TARGET == HWY_AVX3
-    if constexpr (KV == DType::BF16 || KV == DType::FP8_E4M3) {
+    if constexpr (kDecodeDotKV<KV>) {
       if (decode_dot) {
         const float score_scale = p.scale * dequant_scale(p, p.k_scale, item.kv_head + u % heads);
         const TilePrefetch far = prefetch_of(u + kFarPrefetchUnits, 0);
@@ -1205,6 +1208,11 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
   for (int h = 0; h < heads; ++h) {
     const Scratch sc = head_scratch(h);
     if (!decode_dot) reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
+#if HWY_TARGET == HWY_AVX3
+    if constexpr (kDecodeDotKV<KV>) {
+      if (decode_dot) AccToHeadOrder<KV>(sc.acc, shape.rows, d_size);
+    }
+#endif
     end_head(p, head_of(item, h), shape, sc, partials);
   }
 }

@@ -184,8 +184,16 @@ PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_s
 // rowwise loop did 16 plus a widening of K/V (docs/perf.md, attempt 13). e4m3
 // becomes bf16 through two byte-table lookups (vpermi2b, AVX512-VBMI: every
 // AVX512-BF16 CPU the dispatch admits has it), so fp8 costs the bf16 loop plus
-// five instructions per 64 values while reading half the bytes.
+// a few instructions per 64 values while reading half the bytes. The e4m3
+// bytes are interleaved with in-lane unpacks, which Zen 4 issues beside
+// vdpbf16ps where the cross-lane vpermt2b competes with it (attempt 43); the
+// head dimensions then come in a permuted order, which the queries and the
+// P V accumulators follow (e4m3_key_slot_dim, pv_slot_dim).
 #define PAGEDATTN_DECODE_TARGET __attribute__((target("avx512bf16,avx512vbmi")))
+
+// The K/V types the path reads.
+template <DType KV>
+constexpr bool kDecodeDotKV = KV == DType::BF16 || KV == DType::FP8_E4M3;
 
 // K/V values one decode step converts: one 64-byte e4m3 load, two bf16 vectors.
 constexpr int kDecodeChunk = 64;
@@ -219,9 +227,6 @@ constexpr std::uint16_t e4m3_magnitude_bf16(int x) {
 struct E4M3ByteTables {
   alignas(64) std::uint8_t hi[kE4M3Magnitudes];  // high byte of the bf16 (sign clear)
   alignas(64) std::uint8_t lo[kE4M3Magnitudes];  // low byte
-  // Byte indices that interleave 32 low bytes (first table) with 32 high bytes
-  // (second table) into 32 little-endian words: [0] words 0-31, [1] words 32-63.
-  alignas(64) std::uint8_t interleave[2][kDecodeChunk];
 };
 
 constexpr E4M3ByteTables make_e4m3_tables() {
@@ -230,47 +235,147 @@ constexpr E4M3ByteTables make_e4m3_tables() {
     t.hi[x] = static_cast<std::uint8_t>(e4m3_magnitude_bf16(x) >> 8);
     t.lo[x] = static_cast<std::uint8_t>(e4m3_magnitude_bf16(x) & 0xFF);
   }
-  constexpr int kSecondTable = 64;  // vpermt2b: index bit 6 picks the second table
-  for (int half = 0; half < 2; ++half) {
-    for (int j = 0; j < kDecodeChunk; ++j) {
-      const int word = half * (kDecodeChunk / 2) + j / 2;
-      t.interleave[half][j] = static_cast<std::uint8_t>(j % 2 == 0 ? word : kSecondTable + word);
-    }
-  }
   return t;
 }
 constexpr E4M3ByteTables kE4M3Tables = make_e4m3_tables();
 
 // The lookup tables, loaded into registers once per tile.
 struct E4M3Regs {
-  __m512i hi0, hi1, lo0, lo1, inter0, inter1, sign;
+  __m512i hi0, hi1, lo0, lo1, sign;
 };
 
 PAGEDATTN_DECODE_TARGET HWY_INLINE E4M3Regs LoadE4M3Regs() {
   constexpr int kSignBit = 0x80;
-  return E4M3Regs{_mm512_load_si512(kE4M3Tables.hi), _mm512_load_si512(kE4M3Tables.hi + 64),
-                  _mm512_load_si512(kE4M3Tables.lo), _mm512_load_si512(kE4M3Tables.lo + 64),
-                  _mm512_load_si512(kE4M3Tables.interleave[0]), _mm512_load_si512(kE4M3Tables.interleave[1]),
+  constexpr int kSecondHalf = kE4M3Magnitudes / 2;
+  return E4M3Regs{_mm512_load_si512(kE4M3Tables.hi), _mm512_load_si512(kE4M3Tables.hi + kSecondHalf),
+                  _mm512_load_si512(kE4M3Tables.lo), _mm512_load_si512(kE4M3Tables.lo + kSecondHalf),
                   _mm512_set1_epi8(static_cast<char>(kSignBit))};
 }
 
-// kDecodeChunk values of a K/V row as bf16: out0 = values 0-31, out1 = 32-63.
+// The bf16 low and high bytes of 64 e4m3 values x, byte for byte.
+PAGEDATTN_DECODE_TARGET HWY_INLINE void E4M3Bf16Bytes(__m512i x, const E4M3Regs& t, __m512i& lo,
+                                                      __m512i& hi) {
+  constexpr int kHiOrSign = 0xF8;  // ternary logic: A | (B & C)
+  // The tables index with bits 0-6 (vpermi2b ignores bit 7); the sign bit is copied over.
+  hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, x, t.hi1), x, t.sign, kHiOrSign);
+  lo = _mm512_permutex2var_epi8(t.lo0, x, t.lo1);
+}
+
+// Head dimensions of one kDecodeChunk chunk of a K row as LoadKeyChunkBf16
+// returns it: slot s (0-31 in out0, 32-63 in out1) holds dimension
+// e4m3_key_slot_dim(s) for e4m3 keys (vpunpck{l,h}bw pair each 128-bit lane's
+// first / last 8 bytes), dimension s for bf16 ones.
+constexpr int kBf16PerLane = 8;  // bf16 elements per 128-bit lane
+constexpr int kBytesPerLane = 16;
+constexpr int e4m3_key_slot_dim(int s) {
+  const int vector = s / kBf16PerVector;
+  const int lane = s % kBf16PerVector / kBf16PerLane;
+  return lane * kBytesPerLane + vector * kBf16PerLane + s % kBf16PerLane;
+}
+
+// kDecodeChunk values of a K row as bf16 (two vectors), in slot order.
 template <DType KV>
-PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadChunkBf16(const unsigned char* p, const E4M3Regs& t, __m512i& out0,
-                                                      __m512i& out1) {
+PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadKeyChunkBf16(const unsigned char* p, const E4M3Regs& t,
+                                                         __m512i& out0, __m512i& out1) {
   if constexpr (KV == DType::BF16) {
     static_cast<void>(t);
     out0 = _mm512_loadu_si512(p);
     out1 = _mm512_loadu_si512(p + kBf16PerVector * sizeof(std::uint16_t));
   } else {
     static_assert(KV == DType::FP8_E4M3, "decode dot path: bf16 or e4m3 K/V");
-    constexpr int kHiOrSign = 0xF8;  // ternary logic: A | (B & C)
-    const __m512i x = _mm512_loadu_si512(p);
-    // The tables index with bits 0-6 (vpermi2b ignores bit 7); the sign bit is copied over.
-    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.hi0, x, t.hi1), x, t.sign, kHiOrSign);
-    const __m512i lo = _mm512_permutex2var_epi8(t.lo0, x, t.lo1);
-    out0 = _mm512_permutex2var_epi8(lo, t.inter0, hi);
-    out1 = _mm512_permutex2var_epi8(lo, t.inter1, hi);
+    __m512i lo, hi;
+    E4M3Bf16Bytes(_mm512_loadu_si512(p), t, lo, hi);
+    out0 = _mm512_unpacklo_epi8(lo, hi);
+    out1 = _mm512_unpackhi_epi8(lo, hi);
+  }
+}
+
+// Puts each bf16 query row [rows, d_size] into the key slot order of KV.
+template <DType KV>
+void QueriesToKeySlotOrder(std::uint16_t* q, int rows, int d_size) {
+  if constexpr (KV == DType::FP8_E4M3) {
+    std::uint16_t chunk[kDecodeChunk];
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < d_size; c += kDecodeChunk) {
+        std::uint16_t* x = q + static_cast<std::size_t>(r) * d_size + c;
+        std::copy(x, x + kDecodeChunk, chunk);
+        for (int s = 0; s < kDecodeChunk; ++s) x[s] = chunk[e4m3_key_slot_dim(s)];
+      }
+    }
+  } else {
+    static_cast<void>(q), static_cast<void>(rows), static_cast<void>(d_size);
+  }
+}
+
+// Floats per 128-bit lane.
+constexpr int kFloatsPerLane = 4;
+
+// Head dimension of slot s of a kDecodeChunk chunk of a P V accumulator row.
+// bf16: dimension s (vpermt2w pairs the keys in place; the in-lane
+// vpunpck{l,h}wd measured slower for bf16, attempt 43). e4m3: after pairing
+// the two rows' bytes, vpunpck{l,h}bw puts in 128-bit lane l of vector
+// v = s / 16 the four key pairs of bytes 4v .. 4v + 3 of the 16-byte lane l.
+template <DType KV>
+constexpr int pv_slot_dim(int s) {
+  if constexpr (KV == DType::BF16) {
+    return s;
+  } else {
+    const int vector = s / kFloatsPerVector;
+    const int lane = s % kFloatsPerVector / kFloatsPerLane;
+    return lane * kBytesPerLane + vector * kFloatsPerLane + s % kFloatsPerLane;
+  }
+}
+
+// Puts each accumulator row [rows, d_size] from slot order back into head order.
+template <DType KV>
+void AccToHeadOrder(float* acc, int rows, int d_size) {
+  if constexpr (KV == DType::FP8_E4M3) {
+    float chunk[kDecodeChunk];
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < d_size; c += kDecodeChunk) {
+        float* x = acc + static_cast<std::size_t>(r) * d_size + c;
+        std::copy(x, x + kDecodeChunk, chunk);
+        for (int s = 0; s < kDecodeChunk; ++s) x[pv_slot_dim<KV>(s)] = chunk[s];
+      }
+    }
+  } else {
+    static_cast<void>(acc), static_cast<void>(rows), static_cast<void>(d_size);
+  }
+}
+
+// The V rows a (key 2j) and b (key 2j + 1, or null: zeros) of one chunk as
+// vectors of bf16 key pairs, in slot order (pv_slot_dim).
+constexpr int kPairVectors = kDecodeChunk / kFloatsPerVector;
+template <DType KV>
+PAGEDATTN_DECODE_TARGET HWY_INLINE void PairValueChunk(const unsigned char* a, const unsigned char* b,
+                                                       const E4M3Regs& t, __m512i x[kPairVectors]) {
+  if constexpr (KV == DType::BF16) {
+    static_cast<void>(t);
+    const __m512i a0 = _mm512_loadu_si512(a);
+    const __m512i a1 = _mm512_loadu_si512(a + kBf16PerVector * sizeof(std::uint16_t));
+    const __m512i b0 = b == nullptr ? _mm512_setzero_si512() : _mm512_loadu_si512(b);
+    const __m512i b1 = b == nullptr ? _mm512_setzero_si512()
+                                    : _mm512_loadu_si512(b + kBf16PerVector * sizeof(std::uint16_t));
+    // Words (a[i], b[i]) for i = 0-15 (lo) and 16-31 (hi) of a 32-word vector.
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                                        38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(kFloatsPerVector));
+    x[0] = _mm512_permutex2var_epi16(a0, lo, b0);
+    x[1] = _mm512_permutex2var_epi16(a0, hi, b0);
+    x[2] = _mm512_permutex2var_epi16(a1, lo, b1);
+    x[3] = _mm512_permutex2var_epi16(a1, hi, b1);
+  } else {
+    static_assert(KV == DType::FP8_E4M3, "decode dot path: bf16 or e4m3 K/V");
+    // Pairing the bytes first converts the two rows in two lookups, not four.
+    const __m512i va = _mm512_loadu_si512(a);
+    const __m512i vb = b == nullptr ? _mm512_setzero_si512() : _mm512_loadu_si512(b);
+    __m512i lo0, hi0, lo1, hi1;
+    E4M3Bf16Bytes(_mm512_unpacklo_epi8(va, vb), t, lo0, hi0);
+    E4M3Bf16Bytes(_mm512_unpackhi_epi8(va, vb), t, lo1, hi1);
+    x[0] = _mm512_unpacklo_epi8(lo0, hi0);
+    x[1] = _mm512_unpackhi_epi8(lo0, hi0);
+    x[2] = _mm512_unpacklo_epi8(lo1, hi1);
+    x[3] = _mm512_unpackhi_epi8(lo1, hi1);
   }
 }
 
@@ -288,7 +393,8 @@ HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 }
 
 // S = (Q K^T) * scale for a decode tile, four rows x four keys per step. Q
-// holds the bf16 query rows (LoadQueriesBf16). Score columns past n get
+// holds the bf16 query rows (LoadQueriesBf16) in key slot order
+// (QueriesToKeySlotOrder). Score columns past n get
 // duplicates of a real key's scores; softmax_tile masks them. The first row
 // block's steps prefetch the tile ahead, a few keys per step.
 template <DType KV>
@@ -321,7 +427,7 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
         }
         for (int j = 0; j < kDecodeKeyBlock; ++j) {
           __m512i k0, k1;
-          LoadChunkBf16<KV>(k[j] + c * esize, t, k0, k1);
+          LoadKeyChunkBf16<KV>(k[j] + c * esize, t, k0, k1);
           for (int r = 0; r < kRowBlock; ++r) {
             acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][0], (__m512bh)k0);
             acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][1], (__m512bh)k1);
@@ -345,22 +451,19 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
   }
 }
 
-// acc = alpha * acc + P V for a decode tile: V rows interleaved in key pairs
-// as they are read, probabilities rounded to bf16 pairs (as the prefill path,
-// AccumulatePvBf16). Four rows x four vectors (16 accumulators) per pass over
-// kDecodeChunk columns. The first row block's passes prefetch the `far` unit's
-// K and V into L2, the columns and keys each pass reads.
+// acc = alpha * acc + P V for a decode tile, acc in slot order (pv_slot_dim):
+// V rows interleaved in key pairs as they are read, probabilities rounded to
+// bf16 pairs (as the prefill path, AccumulatePvBf16). Four rows x four vectors (16 accumulators) per pass
+// over kDecodeChunk columns. The first row block's passes prefetch the `far` unit's K and V into L2, the
+// columns and keys each pass reads.
 template <DType KV>
 PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
                                                     const unsigned char* const* v_rows,
                                                     const TilePrefetch& far) {
-  constexpr int kVectors = kDecodeChunk / kFloatsPerVector;
+  constexpr int kVectors = kPairVectors;
   const E4M3Regs t = LoadE4M3Regs();
   const auto esize = static_cast<int>(dtype_size(KV));
   constexpr int kChunkLines = kDecodeChunk * static_cast<int>(dtype_size(KV)) / kCacheLine;
-  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
   // Probabilities as bf16 pairs of keys (2j, 2j + 1), one row of kTileKeys / 2 in sc.kt.
   auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
   for (int r = 0; r < rows; ++r) {
@@ -394,16 +497,12 @@ PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows,
         }
         // A missing second key (odd n) reads as zero: its probability is 0, but
         // the cache behind it may hold NaN.
-        __m512i a0, a1, b0 = _mm512_setzero_si512(), b1 = _mm512_setzero_si512();
-        LoadChunkBf16<KV>(v_rows[2 * j] + c0 * esize, t, a0, a1);
-        if (2 * j + 1 < n) LoadChunkBf16<KV>(v_rows[2 * j + 1] + c0 * esize, t, b0, b1);
-        const __m512bh x[kVectors] = {(__m512bh)_mm512_permutex2var_epi16(a0, lo_idx, b0),
-                                      (__m512bh)_mm512_permutex2var_epi16(a0, hi_idx, b0),
-                                      (__m512bh)_mm512_permutex2var_epi16(a1, lo_idx, b1),
-                                      (__m512bh)_mm512_permutex2var_epi16(a1, hi_idx, b1)};
+        __m512i x[kVectors];
+        PairValueChunk<KV>(v_rows[2 * j] + c0 * esize,
+                           2 * j + 1 < n ? v_rows[2 * j + 1] + c0 * esize : nullptr, t, x);
         for (int r = 0; r < kRowBlock; ++r) {
           const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(prob[r][j]));
-          for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], p, x[v]);
+          for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], p, (__m512bh)x[v]);
         }
       }
       for (int r = 0; r < rb; ++r) {
