@@ -213,6 +213,9 @@ constexpr int kFarPrefetchUnits = 8;
 constexpr int kKeepInL1 = 3;
 constexpr int kKeepInL2 = 2;
 constexpr int kCacheLine = 64;
+// L1 data cache of the CPUs the AVX512-BF16 decode runs on (Zen 4, Cascade
+// Lake, Cooper Lake; newer Intel cores have 48 KiB).
+constexpr std::size_t kL1DataBytes = 32 * 1024;
 
 // Prefetches the first `lines` cache lines of a row.
 template <int kLocality>
@@ -239,6 +242,7 @@ struct TilePrefetch {
   const unsigned char* const* v_rows = nullptr;  // [n] V rows of the next tile
   int n = 0;
   int lines = 0;  // cache lines per K/V row
+  bool into_l2 = false;  // the L2 hint instead of L1 (RunChunkedDecode: units that crowd L1)
 };
 
 // Prefetches the K and V rows of the tile ahead's keys [i0, i0 + count) in
@@ -252,8 +256,13 @@ HWY_INLINE void prefetch_ahead(const TilePrefetch* ahead, int i0, int count) {
   const int half = (ahead->n + 1) / 2;
   for (int i = i0; i < std::min(ahead->n, i0 + count); ++i) {
     const int key = i % 2 == 0 ? i / 2 : half + i / 2;  // 0, half, 1, half + 1, ...
-    prefetch_lines<kKeepInL1>(ahead->k_rows[key], ahead->lines);
-    prefetch_lines<kKeepInL1>(ahead->v_rows[key], ahead->lines);
+    if (ahead->into_l2) {
+      prefetch_lines<kKeepInL2>(ahead->k_rows[key], ahead->lines);
+      prefetch_lines<kKeepInL2>(ahead->v_rows[key], ahead->lines);
+    } else {
+      prefetch_lines<kKeepInL1>(ahead->k_rows[key], ahead->lines);
+      prefetch_lines<kKeepInL1>(ahead->v_rows[key], ahead->lines);
+    }
   }
 }
 
@@ -1169,6 +1178,12 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
   const unsigned char* unit_k[kUnitRing][kTileKeys];
   const unsigned char* unit_v[kUnitRing][kTileKeys];
   const int lookahead = decode_dot ? kFarPrefetchUnits : 1;
+  // The AVX512-BF16 tiles prefetch the next unit into L1 only when it and the
+  // unit computed take at most half of L1: bf16 units at head size 128 (16 KiB)
+  // evicted the unit computed, and the L2 hint measured faster (docs/perf.md,
+  // attempt 43); e4m3 ones (8 KiB) keep L1.
+  const std::size_t unit_bytes = 2 * kTileKeys * row_bytes;
+  const bool near_into_l2 = decode_dot && 2 * unit_bytes > kL1DataBytes / 2;
   const int units = lo < hi ? (hi - lo + kTileKeys - 1) / kTileKeys * heads : 0;
   const auto unit_t0 = [&](int u) { return lo + u / heads * kTileKeys; };
   const auto unit_n = [&](int u) { return u < units ? std::min(kTileKeys, hi - unit_t0(u)) : 0; };
@@ -1177,7 +1192,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
                   unit_v[u % kUnitRing]);
   };
   const auto prefetch_of = [&](int u, int lines) {
-    return TilePrefetch{unit_k[u % kUnitRing], unit_v[u % kUnitRing], unit_n(u), lines};
+    return TilePrefetch{unit_k[u % kUnitRing], unit_v[u % kUnitRing], unit_n(u), lines, near_into_l2};
   };
   for (int u = 0; u < std::min(units, lookahead); ++u) pointers(u);
   for (int u = 0; u < units; ++u) {
