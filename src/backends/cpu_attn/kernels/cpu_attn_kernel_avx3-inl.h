@@ -112,6 +112,13 @@ PAGEDATTN_BF16_TARGET void ScoresTransposedBf16(const Scratch& sc, int rows, int
   }
 }
 
+// vpermt2w indices that interleave words 0-15 of two vectors a, b into
+// (a[i], b[i]) pairs; plus 16, words 16-31.
+HWY_INLINE __m512i KeyPairIndex() {
+  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                          36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+}
+
 // P V with vdpbf16ps for a bf16 V tile (prefills): V is packed as bf16 pairs
 // of consecutive keys [kTileKeys / 2, D] and each row's probabilities are
 // rounded to bf16 pairs, as FlashAttention does; half the instructions of the
@@ -123,8 +130,7 @@ PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_s
                                             const unsigned char* const* v_rows) {
   // Pack: pair j holds keys 2j and 2j + 1 (a missing key reads as zero).
   auto* vp = reinterpret_cast<std::uint16_t*>(sc.vf);  // [kTileKeys / 2, D, 2]
-  const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                                          37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i lo_idx = KeyPairIndex();
   const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
   const int pairs = (n + 1) / 2;
   for (int j = 0; j < pairs; ++j) {
@@ -356,9 +362,7 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void PairValueChunk(const unsigned char* a, c
     const __m512i b0 = b == nullptr ? _mm512_setzero_si512() : _mm512_loadu_si512(b);
     const __m512i b1 = b == nullptr ? _mm512_setzero_si512()
                                     : _mm512_loadu_si512(b + kBf16PerVector * sizeof(std::uint16_t));
-    // Words (a[i], b[i]) for i = 0-15 (lo) and 16-31 (hi) of a 32-word vector.
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
-                                        38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i lo = KeyPairIndex();
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(kFloatsPerVector));
     x[0] = _mm512_permutex2var_epi16(a0, lo, b0);
     x[1] = _mm512_permutex2var_epi16(a0, hi, b0);
