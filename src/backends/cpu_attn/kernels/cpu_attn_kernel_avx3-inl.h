@@ -296,21 +296,30 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadKeyChunkBf16(const unsigned char* p,
   }
 }
 
+// Moves each row of x [rows, d_size] between head order and slot order, one
+// kDecodeChunk chunk at a time: slot s of a chunk holds dimension slot_dim(s).
+template <class T, class SlotDim>
+void PermuteChunks(T* x, int rows, int d_size, SlotDim slot_dim, bool to_slots) {
+  T chunk[kDecodeChunk];
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < d_size; c += kDecodeChunk) {
+      T* row = x + static_cast<std::size_t>(r) * d_size + c;
+      std::copy(row, row + kDecodeChunk, chunk);
+      for (int s = 0; s < kDecodeChunk; ++s) {
+        if (to_slots) {
+          row[s] = chunk[slot_dim(s)];
+        } else {
+          row[slot_dim(s)] = chunk[s];
+        }
+      }
+    }
+  }
+}
+
 // Puts each bf16 query row [rows, d_size] into the key slot order of KV.
 template <DType KV>
 void QueriesToKeySlotOrder(std::uint16_t* q, int rows, int d_size) {
-  if constexpr (KV == DType::FP8_E4M3) {
-    std::uint16_t chunk[kDecodeChunk];
-    for (int r = 0; r < rows; ++r) {
-      for (int c = 0; c < d_size; c += kDecodeChunk) {
-        std::uint16_t* x = q + static_cast<std::size_t>(r) * d_size + c;
-        std::copy(x, x + kDecodeChunk, chunk);
-        for (int s = 0; s < kDecodeChunk; ++s) x[s] = chunk[e4m3_key_slot_dim(s)];
-      }
-    }
-  } else {
-    static_cast<void>(q), static_cast<void>(rows), static_cast<void>(d_size);
-  }
+  if constexpr (KV == DType::FP8_E4M3) PermuteChunks(q, rows, d_size, e4m3_key_slot_dim, true);
 }
 
 // Floats per 128-bit lane.
@@ -335,18 +344,7 @@ constexpr int pv_slot_dim(int s) {
 // Puts each accumulator row [rows, d_size] from slot order back into head order.
 template <DType KV>
 void AccToHeadOrder(float* acc, int rows, int d_size) {
-  if constexpr (KV == DType::FP8_E4M3) {
-    float chunk[kDecodeChunk];
-    for (int r = 0; r < rows; ++r) {
-      for (int c = 0; c < d_size; c += kDecodeChunk) {
-        float* x = acc + static_cast<std::size_t>(r) * d_size + c;
-        std::copy(x, x + kDecodeChunk, chunk);
-        for (int s = 0; s < kDecodeChunk; ++s) x[pv_slot_dim<KV>(s)] = chunk[s];
-      }
-    }
-  } else {
-    static_cast<void>(acc), static_cast<void>(rows), static_cast<void>(d_size);
-  }
+  if constexpr (KV == DType::FP8_E4M3) PermuteChunks(acc, rows, d_size, pv_slot_dim<KV>, false);
 }
 
 // The V rows a (key 2j) and b (key 2j + 1, or null: zeros) of one chunk as
