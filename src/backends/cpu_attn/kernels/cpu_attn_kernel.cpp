@@ -197,6 +197,26 @@ void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemSha
   }
 }
 
+// Moves each row of x [rows, d_size] between head order and a kernel's
+// working order, `block` elements at a time: slot s of a block holds head
+// dimension slot_dim(s). tmp holds one row.
+template <class T, class SlotDim>
+void permute_rows(T* x, T* tmp, int rows, int d_size, int block, SlotDim slot_dim, bool to_slots) {
+  for (int r = 0; r < rows; ++r) {
+    T* row = x + static_cast<std::size_t>(r) * d_size;
+    std::copy(row, row + d_size, tmp);
+    for (int c = 0; c < d_size; c += block) {
+      for (int s = 0; s < block; ++s) {
+        if (to_slots) {
+          row[c + s] = tmp[c + slot_dim(s)];
+        } else {
+          row[c + slot_dim(s)] = tmp[c + s];
+        }
+      }
+    }
+  }
+}
+
 // Paged blocks are scattered, so the hardware prefetchers lose the stream at
 // every block: the kernel prefetches the next tile in software. Measured
 // (docs/perf.md): the next tile into L1 beat two tiles ahead into L2, no
@@ -770,20 +790,8 @@ template <DType KV>
 void reorder_rows(float* x, float* tmp, int rows, int d_size, int lanes, bool forward) {
   constexpr int kWays = kChunkWays<KV>;
   if constexpr (kWays > 1) {
-    const int block = kWays * lanes;
-    for (int r = 0; r < rows; ++r) {
-      float* row = x + r * d_size;
-      std::copy(row, row + d_size, tmp);
-      for (int c = 0; c < d_size; c += block) {
-        for (int j = 0; j < lanes; ++j) {
-          for (int k = 0; k < kWays; ++k) {
-            const int ordered = c + kWays * j + k;
-            const int chunked = c + k * lanes + j;
-            row[forward ? chunked : ordered] = tmp[forward ? ordered : chunked];
-          }
-        }
-      }
-    }
+    const auto slot_dim = [lanes](int s) { return kWays * (s % lanes) + s / lanes; };
+    permute_rows(x, tmp, rows, d_size, kWays * lanes, slot_dim, forward);
   } else {
     static_cast<void>(x), static_cast<void>(tmp), static_cast<void>(rows), static_cast<void>(d_size);
     static_cast<void>(lanes), static_cast<void>(forward);
@@ -1155,7 +1163,8 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     if constexpr (kDecodeDotKV<KV>) {
       if (decode_dot) {
         LoadQueriesBf16(p, one, shape, reinterpret_cast<std::uint16_t*>(sc.q));
-        QueriesToKeySlotOrder<KV>(reinterpret_cast<std::uint16_t*>(sc.q), shape.rows, d_size);
+        QueriesToKeySlotOrder<KV>(reinterpret_cast<std::uint16_t*>(sc.q),
+                                  reinterpret_cast<std::uint16_t*>(sc.tmp), shape.rows, d_size);
         continue;
       }
     }
@@ -1225,7 +1234,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     if (!decode_dot) reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
 #if HWY_TARGET == HWY_AVX3
     if constexpr (kDecodeDotKV<KV>) {
-      if (decode_dot) AccToHeadOrder<KV>(sc.acc, shape.rows, d_size);
+      if (decode_dot) AccToHeadOrder<KV>(sc.acc, sc.tmp, shape.rows, d_size);
     }
 #endif
     end_head(p, head_of(item, h), shape, sc, partials);

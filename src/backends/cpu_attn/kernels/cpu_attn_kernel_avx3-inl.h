@@ -296,30 +296,12 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadKeyChunkBf16(const unsigned char* p,
   }
 }
 
-// Moves each row of x [rows, d_size] between head order and slot order, one
-// kDecodeChunk chunk at a time: slot s of a chunk holds dimension slot_dim(s).
-template <class T, class SlotDim>
-void PermuteChunks(T* x, int rows, int d_size, SlotDim slot_dim, bool to_slots) {
-  T chunk[kDecodeChunk];
-  for (int r = 0; r < rows; ++r) {
-    for (int c = 0; c < d_size; c += kDecodeChunk) {
-      T* row = x + static_cast<std::size_t>(r) * d_size + c;
-      std::copy(row, row + kDecodeChunk, chunk);
-      for (int s = 0; s < kDecodeChunk; ++s) {
-        if (to_slots) {
-          row[s] = chunk[slot_dim(s)];
-        } else {
-          row[slot_dim(s)] = chunk[s];
-        }
-      }
-    }
-  }
-}
-
-// Puts each bf16 query row [rows, d_size] into the key slot order of KV.
+// Puts each bf16 query row [rows, d_size] into the key slot order of KV; tmp
+// holds one row.
 template <DType KV>
-void QueriesToKeySlotOrder(std::uint16_t* q, int rows, int d_size) {
-  if constexpr (KV == DType::FP8_E4M3) PermuteChunks(q, rows, d_size, e4m3_key_slot_dim, true);
+void QueriesToKeySlotOrder(std::uint16_t* q, std::uint16_t* tmp, int rows, int d_size) {
+  if constexpr (KV == DType::FP8_E4M3)
+    permute_rows(q, tmp, rows, d_size, kDecodeChunk, e4m3_key_slot_dim, true);
 }
 
 // Floats per 128-bit lane.
@@ -341,10 +323,12 @@ constexpr int pv_slot_dim(int s) {
   }
 }
 
-// Puts each accumulator row [rows, d_size] from slot order back into head order.
+// Puts each accumulator row [rows, d_size] from slot order back into head
+// order; tmp holds one row.
 template <DType KV>
-void AccToHeadOrder(float* acc, int rows, int d_size) {
-  if constexpr (KV == DType::FP8_E4M3) PermuteChunks(acc, rows, d_size, pv_slot_dim<KV>, false);
+void AccToHeadOrder(float* acc, float* tmp, int rows, int d_size) {
+  if constexpr (KV == DType::FP8_E4M3)
+    permute_rows(acc, tmp, rows, d_size, kDecodeChunk, pv_slot_dim<KV>, false);
 }
 
 // The V rows a (key 2j) and b (key 2j + 1, or null: zeros) of one chunk as
@@ -455,9 +439,10 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
 
 // acc = alpha * acc + P V for a decode tile, acc in slot order (pv_slot_dim):
 // V rows interleaved in key pairs as they are read, probabilities rounded to
-// bf16 pairs (as the prefill path, AccumulatePvBf16). Four rows x four vectors (16 accumulators) per pass
-// over kDecodeChunk columns. The first row block's passes prefetch the `far` unit's K and V into L2, the
-// columns and keys each pass reads.
+// bf16 pairs (as the prefill path, AccumulatePvBf16). Four rows x four vectors
+// (16 accumulators) per pass over kDecodeChunk columns. The first row block's
+// passes prefetch the `far` unit's K and V into L2, the columns and keys each
+// pass reads.
 template <DType KV>
 PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
                                                     const unsigned char* const* v_rows,
