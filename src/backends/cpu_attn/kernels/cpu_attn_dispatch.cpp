@@ -67,9 +67,8 @@ std::size_t shared_bytes(std::size_t d) {
 
 // Bytes of one KV head's state.
 std::size_t head_state_bytes(std::size_t d, std::size_t rows) {
-  return 2 * align_up(rows * d * sizeof(float)) +
-         align_up((rows * kTileKeys + kScorePadFloats) * sizeof(float)) + 3 * align_up(rows * sizeof(float)) +
-         align_up(rows * sizeof(RowInfo));
+  return 2 * align_up(rows * d * sizeof(float)) + align_up(score_tile_floats(rows) * sizeof(float)) +
+         3 * align_up(rows * sizeof(float)) + align_up(rows * sizeof(RowInfo));
 }
 
 }  // namespace
@@ -86,7 +85,7 @@ Scratch::Scratch(void* base, int head_size, int num_rows, int head, int num_head
   };
   q = reinterpret_cast<float*>(take(rows_count * d * sizeof(float)));
   acc = reinterpret_cast<float*>(take(rows_count * d * sizeof(float)));
-  s = reinterpret_cast<float*>(take((rows_count * kTileKeys + kScorePadFloats) * sizeof(float)));
+  s = reinterpret_cast<float*>(take(score_tile_floats(rows_count) * sizeof(float)));
   m = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
   l = reinterpret_cast<float*>(take(rows_count * sizeof(float)));
   alpha = reinterpret_cast<float*>(take(rows_count * sizeof(float)));

@@ -19,6 +19,14 @@ inline constexpr int kTileKeys = 32;
 inline constexpr int kScorePadFloats = 4;
 // Head sizes are multiples of this (the backend's head_size_rule).
 inline constexpr int kMinHeadSizeMultiple = 8;
+// The score tile holds its rows in blocks of this many (the AVX-512 decode
+// tiles store each block key-step-major), so it is sized for whole blocks.
+inline constexpr int kScoreRowBlock = 4;
+
+// Floats of a score tile for `rows` rows.
+inline constexpr std::size_t score_tile_floats(std::size_t rows) {
+  return (rows + kScoreRowBlock - 1) / kScoreRowBlock * kScoreRowBlock * kTileKeys + kScorePadFloats;
+}
 
 struct RowInfo {
   std::int32_t lo = 0;  // visible keys [lo, hi)
@@ -33,7 +41,7 @@ struct RowInfo {
 struct Scratch {
   float* q = nullptr;       // [rows, D] query, times scale (and the K dequant scale)
   float* acc = nullptr;     // [rows, D] unnormalized output
-  float* s = nullptr;       // [rows, kTileKeys] + kScorePadFloats: scores, then probabilities
+  float* s = nullptr;       // score_tile_floats(rows): [rows, kTileKeys] scores, then probabilities
   float* m = nullptr;       // [rows] running max
   float* l = nullptr;       // [rows] running sum
   float* alpha = nullptr;   // [rows] rescale of the accumulator for the current tile

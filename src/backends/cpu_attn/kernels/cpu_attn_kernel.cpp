@@ -1009,7 +1009,7 @@ void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int 
                      const unsigned char* const* k_rows, const unsigned char* const* v_rows,
                      const TilePrefetch& ahead, const TilePrefetch& far, float score_scale) {
   ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
-  softmax_tile(hn::ScalableTag<float>(), p, sc, rows, t0, n);
+  SoftmaxDecode(p, sc, rows, t0, n);
   AccumulatePvDecodeBf16<KV>(sc, rows, p.head_size, n, v_rows, far);
 }
 #endif

@@ -331,19 +331,19 @@ void AccToHeadOrder(float* acc, float* tmp, int rows, int d_size) {
     permute_rows(acc, tmp, rows, d_size, kDecodeChunk, pv_slot_dim<KV>, false);
 }
 
-// The V rows a (key 2j) and b (key 2j + 1, or null: zeros) of one chunk as
-// vectors of bf16 key pairs, in slot order (pv_slot_dim).
+// The V rows a (key 2j) and b (key 2j + 1; zeros without kSecondKey) of one
+// chunk as vectors of bf16 key pairs, in slot order (pv_slot_dim).
 constexpr int kPairVectors = kDecodeChunk / kFloatsPerVector;
-template <DType KV>
+template <DType KV, bool kSecondKey>
 PAGEDATTN_DECODE_TARGET HWY_INLINE void PairValueChunk(const unsigned char* a, const unsigned char* b,
                                                        const E4M3Regs& t, __m512i x[kPairVectors]) {
   if constexpr (KV == DType::BF16) {
     static_cast<void>(t);
     const __m512i a0 = _mm512_loadu_si512(a);
     const __m512i a1 = _mm512_loadu_si512(a + kBf16PerVector * sizeof(std::uint16_t));
-    const __m512i b0 = b == nullptr ? _mm512_setzero_si512() : _mm512_loadu_si512(b);
-    const __m512i b1 = b == nullptr ? _mm512_setzero_si512()
-                                    : _mm512_loadu_si512(b + kBf16PerVector * sizeof(std::uint16_t));
+    const __m512i b0 = kSecondKey ? _mm512_loadu_si512(b) : _mm512_setzero_si512();
+    const __m512i b1 =
+        kSecondKey ? _mm512_loadu_si512(b + kBf16PerVector * sizeof(std::uint16_t)) : _mm512_setzero_si512();
     const __m512i lo = KeyPairIndex();
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(kFloatsPerVector));
     x[0] = _mm512_permutex2var_epi16(a0, lo, b0);
@@ -354,7 +354,7 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void PairValueChunk(const unsigned char* a, c
     static_assert(KV == DType::FP8_E4M3, "decode dot path: bf16 or e4m3 K/V");
     // Pairing the bytes first converts the two rows in two lookups, not four.
     const __m512i va = _mm512_loadu_si512(a);
-    const __m512i vb = b == nullptr ? _mm512_setzero_si512() : _mm512_loadu_si512(b);
+    const __m512i vb = kSecondKey ? _mm512_loadu_si512(b) : _mm512_setzero_si512();
     __m512i lo0, hi0, lo1, hi1;
     E4M3Bf16Bytes(_mm512_unpacklo_epi8(va, vb), t, lo0, hi0);
     E4M3Bf16Bytes(_mm512_unpackhi_epi8(va, vb), t, lo1, hi1);
@@ -378,11 +378,25 @@ HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
-// S = (Q K^T) * scale for a decode tile, four rows x four keys per step. Q
-// holds the bf16 query rows (LoadQueriesBf16) in key slot order
-// (QueriesToKeySlotOrder). Score columns past n get
-// duplicates of a real key's scores; softmax_tile masks them. The first row
-// block's steps prefetch the tile ahead, a few keys per step.
+// The decode tiles' score layout: each block of kRowBlock rows holds one
+// vector per score step, whose 128-bit lane r has row r's scores of the
+// step's four keys, as the step's joint reduction leaves them (rows of a
+// partial block repeat its first row). The softmax works on these vectors
+// whole: each lane knows its row and key, so masks, row maxima and row sums
+// need no pass per row.
+static_assert(kRowBlock == kScoreRowBlock && kRowBlock * kDecodeKeyBlock == kFloatsPerVector,
+              "a score step's sums fill one vector");
+constexpr int kDecodeSteps = kTileKeys / kDecodeKeyBlock;
+HWY_INLINE float* DecodeScoreStep(const Scratch& sc, int r0, int i0) {
+  return sc.s + r0 * kTileKeys +
+         i0 * kRowBlock;  // [rows / kRowBlock, kDecodeSteps, kRowBlock, kDecodeKeyBlock]
+}
+
+// S = (Q K^T) * scale for a decode tile, four rows x four keys per step, in
+// the layout above. Q holds the bf16 query rows (LoadQueriesBf16) in key slot
+// order (QueriesToKeySlotOrder). Score columns past n get duplicates of a real
+// key's scores; SoftmaxDecode masks them. The first row block's steps prefetch
+// the tile ahead, a few keys per step.
 template <DType KV>
 PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
                                               const unsigned char* const* k_rows, float scale,
@@ -430,16 +444,147 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
       const __m512 sums = _mm512_mul_ps(_mm512_add_ps(_mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)),
                                                       _mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))),
                                         vscale);
-      alignas(64) float out[kRowBlock * kDecodeKeyBlock];
-      _mm512_store_ps(out, sums);
-      for (int r = 0; r < rb; ++r) std::memcpy(sc.s + (r0 + r) * kTileKeys + i0, out + r * kDecodeKeyBlock, sizeof(float) * kDecodeKeyBlock);
+      _mm512_store_ps(DecodeScoreStep(sc, r0, i0), sums);
+    }
+  }
+}
+
+// Vector lane i holds x[i / kDecodeKeyBlock] (x: one value per row of a block).
+HWY_INLINE __m512 RowLanes(__m128 x) {
+  const __m512i row_of_lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(x));
+}
+HWY_INLINE __m512i RowLanes(__m128i x) { return _mm512_castps_si512(RowLanes(_mm_castsi128_ps(x))); }
+
+// Lane r of the result: the value of row r (its first lane) in x.
+HWY_INLINE __m128 RowValues(__m512 x) {
+  const __m512i first_lane_of_row = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_lane_of_row, x));
+}
+
+// Max and sum of each 128-bit lane (one row's four keys), in all its elements.
+HWY_INLINE __m512 RowMax(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+HWY_INLINE __m512 RowSum(__m512 x) {
+  x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+// Lane masks of whole rows: every lane of a row whose lanes have any bit set.
+HWY_INLINE __mmask16 WholeRows(__mmask16 lanes) {
+  constexpr unsigned kFirstLanes = 0x1111;  // lane 0 of each row
+  constexpr unsigned kRowLanes = 0xF;
+  unsigned m = lanes;
+  m |= m >> 1;
+  m |= m >> 2;
+  return static_cast<__mmask16>((m & kFirstLanes) * kRowLanes);
+}
+
+// Highway's Exp on a raw vector.
+HWY_INLINE __m512 ExpVec(__m512 x) { return hn::Exp(hn::ScalableTag<float>(), hn::Vec512<float>{x}).raw; }
+
+// The probabilities of one row block as bf16 pairs of keys (2j, 2j + 1): dword
+// DecodeProbIndex(j) + 2r holds row r's pair j (the order vcvtne2ps2bf16 gives
+// two score-step vectors).
+constexpr int kProbBlockDwords = kRowBlock * kTileKeys / 2;
+HWY_INLINE std::uint32_t* DecodeProbBlock(const Scratch& sc, int r0) {
+  return reinterpret_cast<std::uint32_t*>(sc.kt) + r0 / kRowBlock * kProbBlockDwords;
+}
+HWY_INLINE int DecodeProbIndex(int j) {
+  constexpr int kStepsPerVector = 2;
+  constexpr int kPairsPerVector = kStepsPerVector * kDecodeKeyBlock / 2;
+  constexpr int kDwordsPerStep = kFloatsPerVector / 2;
+  return j / kPairsPerVector * kFloatsPerVector + j / 2 % 2 * kDwordsPerStep + j % 2;
+}
+
+// Soft cap, ALiBi and masks on a decode tile's scores (DecodeScoreStep's
+// layout), then the online-softmax update of each row block: P = exp(S - m_new)
+// as bf16 pairs (DecodeProbBlock), l sums the unrounded P, alpha = exp(m_old -
+// m_new). The same semantics as softmax_tile: a NaN visible score makes the
+// row's alpha NaN; a row that sees no key of the tile keeps its state
+// (alpha 1, or 0 while it has seen no key, its accumulator then being zero).
+PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scratch& sc, int rows, int t0,
+                                           int n) {
+  const hn::ScalableTag<float> d;
+  const bool soft_cap = p.soft_cap > 0.0f;
+  const bool alibi = p.alibi_slopes != nullptr;
+  const __m512 cap = _mm512_set1_ps(p.soft_cap);
+  const __m512 inv_cap = _mm512_set1_ps(soft_cap ? 1.0f / p.soft_cap : 0.0f);
+  const __m512 minus_inf = _mm512_set1_ps(neg_inf());
+  const __m512i key_of_lane = _mm512_set_epi32(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0);
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int rb = std::min(kRowBlock, rows - r0);
+    const auto real_rows = static_cast<__mmask8>((1u << rb) - 1);
+    alignas(16) std::int32_t lo[kRowBlock];
+    alignas(16) std::int32_t hi[kRowBlock];
+    alignas(16) float slope[kRowBlock];
+    alignas(16) float position[kRowBlock];
+    bool whole = true;  // every row sees every key of the tile
+    for (int r = 0; r < kRowBlock; ++r) {
+      const RowInfo& info = sc.rows[r0 + (r < rb ? r : 0)];
+      lo[r] = info.lo;
+      hi[r] = std::min(info.hi, t0 + n);
+      slope[r] = info.slope;
+      position[r] = info.position;
+      whole = whole && lo[r] <= t0 && hi[r] >= t0 + kTileKeys;
+    }
+    float* scores = DecodeScoreStep(sc, r0, 0);
+    __m512 sv[kDecodeSteps];
+    __m512 vmax = minus_inf;
+    __mmask16 nan = 0;  // lanes with a visible NaN score
+    if (whole && !soft_cap && !alibi) {
+      for (int i = 0; i < kDecodeSteps; ++i) {
+        sv[i] = _mm512_load_ps(scores + i * kFloatsPerVector);
+        nan |= _mm512_cmp_ps_mask(sv[i], sv[i], _CMP_UNORD_Q);
+        vmax = _mm512_max_ps(vmax, sv[i]);
+      }
+    } else {
+      const __m512i vlo = RowLanes(_mm_load_si128(reinterpret_cast<const __m128i*>(lo)));
+      const __m512i vhi = RowLanes(_mm_load_si128(reinterpret_cast<const __m128i*>(hi)));
+      const __m512 vslope = RowLanes(_mm_load_ps(slope));
+      const __m512 vposition = RowLanes(_mm_load_ps(position));
+      for (int i = 0; i < kDecodeSteps; ++i) {
+        __m512 x = _mm512_load_ps(scores + i * kFloatsPerVector);
+        const __mmask16 raw_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        const __m512i key = _mm512_add_epi32(key_of_lane, _mm512_set1_epi32(t0 + i * kDecodeKeyBlock));
+        if (soft_cap) x = _mm512_mul_ps(cap, hn::Tanh(d, hn::Vec512<float>{_mm512_mul_ps(x, inv_cap)}).raw);
+        if (alibi) x = _mm512_fmadd_ps(vslope, _mm512_sub_ps(_mm512_cvtepi32_ps(key), vposition), x);
+        const __mmask16 visible = _mm512_cmpge_epi32_mask(key, vlo) & _mm512_cmplt_epi32_mask(key, vhi);
+        sv[i] = _mm512_mask_mov_ps(minus_inf, visible, x);
+        nan |= raw_nan & visible;
+        vmax = _mm512_max_ps(vmax, sv[i]);
+      }
+    }
+    const __m512 m_old = RowLanes(_mm_maskz_loadu_ps(real_rows, sc.m + r0));
+    const __m512 m_new = _mm512_max_ps(RowMax(vmax), m_old);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int i = 0; i < kDecodeSteps; ++i) {
+      sv[i] = ExpVec(_mm512_sub_ps(sv[i], m_new));  // exp(-inf) = 0 for masked keys
+      vsum = _mm512_add_ps(vsum, sv[i]);
+    }
+    // Exp clamps its argument, which turns a NaN score into P = 0 (and
+    // exp(-inf - -inf) into 0): a NaN alpha makes the row's accumulator and
+    // sum NaN instead, as the oracle's are.
+    const __m512 alpha = _mm512_mask_mov_ps(ExpVec(_mm512_sub_ps(m_old, m_new)), WholeRows(nan),
+                                            _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+    const __m512 l_old = RowLanes(_mm_maskz_loadu_ps(real_rows, sc.l + r0));
+    const __m512 l_new = _mm512_add_ps(_mm512_mul_ps(l_old, alpha), RowSum(vsum));
+    _mm_mask_storeu_ps(sc.m + r0, real_rows, RowValues(m_new));
+    _mm_mask_storeu_ps(sc.l + r0, real_rows, RowValues(l_new));
+    _mm_mask_storeu_ps(sc.alpha + r0, real_rows, RowValues(alpha));
+    std::uint32_t* prob = DecodeProbBlock(sc, r0);
+    for (int i = 0; i < kDecodeSteps; i += 2) {
+      const __m512bh packed = _mm512_cvtne2ps_pbh(sv[i + 1], sv[i]);
+      _mm512_store_si512(prob + i / 2 * kFloatsPerVector, (__m512i)packed);
     }
   }
 }
 
 // acc = alpha * acc + P V for a decode tile, acc in slot order (pv_slot_dim):
-// V rows interleaved in key pairs as they are read, probabilities rounded to
-// bf16 pairs (as the prefill path, AccumulatePvBf16). Four rows x four vectors
+// V rows interleaved in key pairs as they are read, probabilities as bf16
+// pairs (SoftmaxDecode; as the prefill path, AccumulatePvBf16). Four rows x four vectors
 // (16 accumulators) per pass over kDecodeChunk columns. The first row block's
 // passes prefetch the `far` unit's K and V into L2, the columns and keys each
 // pass reads.
@@ -451,47 +596,43 @@ PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows,
   const E4M3Regs t = LoadE4M3Regs();
   const auto esize = static_cast<int>(dtype_size(KV));
   constexpr int kChunkLines = kDecodeChunk * static_cast<int>(dtype_size(KV)) / kCacheLine;
-  // Probabilities as bf16 pairs of keys (2j, 2j + 1), one row of kTileKeys / 2 in sc.kt.
-  auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
-  for (int r = 0; r < rows; ++r) {
-    const float* prob = sc.s + r * kTileKeys;
-    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + kFloatsPerVector), _mm512_load_ps(prob));
-    _mm512_store_si512(pb + r * (kTileKeys / 2), (__m512i)packed);
-  }
-  const int pairs = (n + 1) / 2;
+  const int whole_pairs = n / 2;
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int rb = std::min(kRowBlock, rows - r0);
-    const std::uint32_t* prob[kRowBlock];
+    const std::uint32_t* prob = DecodeProbBlock(sc, r0);
     float* a[kRowBlock];
-    __m512 alpha[kRowBlock];
+    const float* alpha[kRowBlock];
     for (int r = 0; r < kRowBlock; ++r) {
       const int row = r0 + (r < rb ? r : 0);  // missing rows reuse r0, not stored
-      prob[r] = pb + row * (kTileKeys / 2);
       a[r] = sc.acc + row * d_size;
-      alpha[r] = _mm512_set1_ps(sc.alpha[row]);
+      alpha[r] = sc.alpha + row;
     }
+    const int far_n = r0 == 0 ? far.n : 0;
     for (int c0 = 0; c0 < d_size; c0 += kDecodeChunk) {
       __m512 acc[kRowBlock][kVectors];
       for (int r = 0; r < kRowBlock; ++r) {
-        for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_mul_ps(_mm512_load_ps(a[r] + c0 + v * kFloatsPerVector), alpha[r]);
+        const __m512 scale = _mm512_set1_ps(*alpha[r]);
+        for (int v = 0; v < kVectors; ++v)
+          acc[r][v] = _mm512_mul_ps(_mm512_load_ps(a[r] + c0 + v * kFloatsPerVector), scale);
       }
-      for (int j = 0; j < pairs; ++j) {
-        if (r0 == 0) {  // the far unit's chunk c0 of the pair's keys
-          for (int key = 2 * j; key < std::min(far.n, 2 * j + 2); ++key) {
-            prefetch_lines<kKeepInL2>(far.k_rows[key] + c0 * esize, kChunkLines);
-            prefetch_lines<kKeepInL2>(far.v_rows[key] + c0 * esize, kChunkLines);
-          }
+      const auto step = [&](int j, auto second_key) {
+        for (int key = 2 * j; key < std::min(far_n, 2 * j + 2); ++key) {  // the far unit's chunk c0
+          prefetch_lines<kKeepInL2>(far.k_rows[key] + c0 * esize, kChunkLines);
+          prefetch_lines<kKeepInL2>(far.v_rows[key] + c0 * esize, kChunkLines);
         }
-        // A missing second key (odd n) reads as zero: its probability is 0, but
-        // the cache behind it may hold NaN.
         __m512i x[kVectors];
-        PairValueChunk<KV>(v_rows[2 * j] + c0 * esize,
-                           2 * j + 1 < n ? v_rows[2 * j + 1] + c0 * esize : nullptr, t, x);
+        PairValueChunk<KV, decltype(second_key)::value>(
+            v_rows[2 * j] + c0 * esize, second_key ? v_rows[2 * j + 1] + c0 * esize : nullptr, t, x);
+        const std::uint32_t* prob_j = prob + DecodeProbIndex(j);
         for (int r = 0; r < kRowBlock; ++r) {
-          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(prob[r][j]));
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(prob_j[2 * r]));
           for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], p, (__m512bh)x[v]);
         }
-      }
+      };
+      for (int j = 0; j < whole_pairs; ++j) step(j, std::true_type{});
+      // An odd tile's last key pairs with zeros: its probability is 0, but the
+      // cache behind it may hold NaN.
+      if (n % 2 != 0) step(whole_pairs, std::false_type{});
       for (int r = 0; r < rb; ++r) {
         for (int v = 0; v < kVectors; ++v) _mm512_store_ps(a[r] + c0 + v * kFloatsPerVector, acc[r][v]);
       }
