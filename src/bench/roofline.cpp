@@ -52,14 +52,14 @@ double FmaLoop(std::int64_t iterations, float seed, float* sink) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <hwy/aligned_allocator.h>
-
-#include "bench/median.h"
+#include <pagedattn/tensor.h>
 
 #include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
+
+#include "bench/median.h"
 
 namespace pagedattn::bench {
 
@@ -94,15 +94,18 @@ Roofline measure_roofline(int threads) {
   Roofline r;
   r.threads = std::max(1, threads);
   const std::size_t n = kStreamBytes / sizeof(float);
-  auto buffer = hwy::AllocateAligned<float>(n);
+  // From the library's CPU allocator, as the KV caches the benchmark reads
+  // (the same page size: docs/perf.md, attempt 45).
+  const Tensor storage = Tensor::empty({static_cast<std::int64_t>(n)}, DType::F32);
+  auto* const data = static_cast<float*>(storage.data());
   // First touch from the reading threads' slices (pages land where they are read).
   const std::size_t slice = n / static_cast<std::size_t>(r.threads) / 64 * 64;
-  timed_parallel(r.threads, [&](int t) { std::fill_n(buffer.get() + slice * t, slice, 1.0f); });
+  timed_parallel(r.threads, [&](int t) { std::fill_n(data + slice * t, slice, 1.0f); });
   std::vector<float> sums(static_cast<std::size_t>(r.threads));
   std::vector<double> rates;
   for (int rep = 0; rep < kRepeats; ++rep) {
     const double s = timed_parallel(r.threads, [&](int t) {
-      sums[static_cast<std::size_t>(t)] = HWY_DYNAMIC_DISPATCH(SumStream)(buffer.get() + slice * t, slice);
+      sums[static_cast<std::size_t>(t)] = HWY_DYNAMIC_DISPATCH(SumStream)(data + slice * t, slice);
     });
     const double bytes = static_cast<double>(slice) * static_cast<double>(r.threads) * sizeof(float);
     rates.push_back(bytes / s / 1e9);

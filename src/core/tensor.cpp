@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <optional>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace pagedattn {
 namespace {
@@ -118,24 +122,37 @@ void require_cpu(Device d, std::string_view where) {
   }
 }
 
+// Allocations of at least one huge page (KV caches, large activations) are
+// aligned to it and offered to transparent huge pages: the paged KV cache is
+// read block by block in an order the page table does not predict, and with
+// 4 KiB pages every block costs a TLB miss, which a virtual machine's nested
+// page walk makes slow (docs/perf.md, attempt 45: `8q1s8k` 10-13% faster).
+constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+
+std::size_t cpu_alignment(std::size_t bytes) {
+  return bytes >= kHugePageBytes ? kHugePageBytes : kCpuAlignment;
+}
+
 class CpuAllocator final : public DeviceAllocator {
  public:
   void* allocate(std::size_t bytes, Device d) override {
     require_cpu(d, "CpuAllocator::allocate");
-    // Rounded up so a zero-byte request still yields a unique, freeable pointer.
-    const std::size_t rounded =
-        std::max(kCpuAlignment, (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment);
-    void* p =
-        rounded < bytes ? nullptr : ::operator new (rounded, std::align_val_t{kCpuAlignment}, std::nothrow);
+    const std::size_t alignment = cpu_alignment(bytes);
+    // Rounded up (aligned_alloc wants whole alignments) so a zero-byte request
+    // still yields a unique, freeable pointer.
+    const std::size_t rounded = std::max(alignment, (bytes + alignment - 1) / alignment * alignment);
+    void* p = rounded < bytes ? nullptr : std::aligned_alloc(alignment, rounded);
     if (p == nullptr) {
       throw Error(ErrorKind::OutOfMemory,
                   fmt::format("CpuAllocator::allocate: cannot allocate {} bytes", bytes));
     }
+#if defined(__linux__)
+    // Advice only: where THP is off (or the kernel refuses) the pages stay 4 KiB.
+    if (alignment == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
     return p;
   }
-  void deallocate(void* p, Device /*d*/) noexcept override {
-    ::operator delete (p, std::align_val_t{kCpuAlignment});
-  }
+  void deallocate(void* p, Device /*d*/) noexcept override { std::free(p); }
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, std::size_t bytes) override {
     require_cpu(dst_dev, "CpuAllocator::copy");
     require_cpu(src_dev, "CpuAllocator::copy");
