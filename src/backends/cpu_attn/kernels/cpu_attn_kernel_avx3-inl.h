@@ -387,9 +387,10 @@ HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 static_assert(kRowBlock == kScoreRowBlock && kRowBlock * kDecodeKeyBlock == kFloatsPerVector,
               "a score step's sums fill one vector");
 constexpr int kDecodeSteps = kTileKeys / kDecodeKeyBlock;
+// The step of keys [i0, i0 + kDecodeKeyBlock) of the block of row r0 in
+// sc.s: [rows / kRowBlock, kDecodeSteps, kRowBlock, kDecodeKeyBlock].
 HWY_INLINE float* DecodeScoreStep(const Scratch& sc, int r0, int i0) {
-  return sc.s + r0 * kTileKeys +
-         i0 * kRowBlock;  // [rows / kRowBlock, kDecodeSteps, kRowBlock, kDecodeKeyBlock]
+  return sc.s + r0 * kTileKeys + i0 * kRowBlock;
 }
 
 // S = (Q K^T) * scale for a decode tile, four rows x four keys per step, in
