@@ -439,6 +439,31 @@ HWY_NOINLINE void scores_transposed(D d, const Scratch& sc, int rows, int d_size
   }
 }
 
+// The score modifiers of the params (soft cap, then ALiBi), vector by vector.
+template <class D>
+struct ScoreModifiers {
+  bool soft_cap;
+  bool alibi;
+  hn::Vec<D> cap;
+  hn::Vec<D> inv_cap;
+
+  ScoreModifiers(D d, const AttentionParams& p)
+      : soft_cap(p.soft_cap > 0.0f),
+        alibi(p.alibi_slopes != nullptr),
+        cap(hn::Set(d, p.soft_cap)),
+        inv_cap(hn::Set(d, soft_cap ? 1.0f / p.soft_cap : 0.0f)) {}
+
+  bool any() const { return soft_cap || alibi; }
+
+  // Scores x of keys `key`, for rows with these ALiBi slopes and positions (per lane).
+  hn::Vec<D> apply(D d, hn::Vec<D> x, hn::Vec<hn::RebindToSigned<D>> key, hn::Vec<D> slope,
+                   hn::Vec<D> position) const {
+    if (soft_cap) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
+    if (alibi) x = hn::MulAdd(slope, hn::Sub(hn::ConvertTo(d, key), position), x);
+    return x;
+  }
+};
+
 // The AVX-512 specializations (compiled in the AVX3 pass only).
 #include "backends/cpu_attn/kernels/cpu_attn_kernel_avx3-inl.h"
 
@@ -450,9 +475,7 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
                   float prob_scale = 1.0f) {
   const hn::RebindToSigned<D> di;
   const int lanes = static_cast<int>(hn::Lanes(d));
-  const bool soft_cap = p.soft_cap > 0.0f;
-  const auto cap = hn::Set(d, p.soft_cap);
-  const auto inv_cap = hn::Set(d, soft_cap ? 1.0f / p.soft_cap : 0.0f);
+  const ScoreModifiers<D> modifiers(d, p);
   const auto minus_inf = hn::Set(d, neg_inf());
   for (int r = 0; r < rows; ++r) {
     const RowInfo& info = sc.rows[r];
@@ -471,19 +494,17 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
     const auto pos = hn::Set(d, info.position);
     // A tile the row sees whole (most tiles of a long row) needs no mask.
     const bool whole = lo <= t0 && hi >= t0 + kTileKeys;
-    const bool modified = soft_cap || p.alibi_slopes != nullptr;
     auto nan = hn::FirstN(d, 0);  // a visible score is NaN
     for (int i = 0; i < kTileKeys; i += lanes) {
       auto sv = hn::Load(d, srow + i);
-      if (whole && !modified) {
+      if (whole && !modifiers.any()) {
         vmax = hn::Max(vmax, sv);
         nan = hn::Or(nan, hn::IsNaN(sv));
         continue;
       }
       const auto raw_nan = hn::IsNaN(sv);
       const auto j = hn::Iota(di, t0 + i);
-      if (soft_cap) sv = hn::Mul(cap, hn::Tanh(d, hn::Mul(sv, inv_cap)));
-      if (p.alibi_slopes != nullptr) sv = hn::MulAdd(slope, hn::Sub(hn::ConvertTo(d, j), pos), sv);
+      sv = modifiers.apply(d, sv, j, slope, pos);
       if (!whole) {
         const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, vlo_minus_one), hn::Lt(j, vhi)));
         sv = hn::IfThenElse(visible, sv, minus_inf);

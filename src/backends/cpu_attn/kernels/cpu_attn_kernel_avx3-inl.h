@@ -509,10 +509,7 @@ HWY_INLINE int DecodeProbIndex(int j) {
 PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scratch& sc, int rows, int t0,
                                            int n) {
   const hn::ScalableTag<float> d;
-  const bool soft_cap = p.soft_cap > 0.0f;
-  const bool alibi = p.alibi_slopes != nullptr;
-  const __m512 cap = _mm512_set1_ps(p.soft_cap);
-  const __m512 inv_cap = _mm512_set1_ps(soft_cap ? 1.0f / p.soft_cap : 0.0f);
+  const ScoreModifiers<decltype(d)> modifiers(d, p);
   const __m512 minus_inf = _mm512_set1_ps(neg_inf());
   const __m512i key_of_lane = _mm512_set_epi32(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0);
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
@@ -535,7 +532,7 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
     __m512 sv[kDecodeSteps];
     __m512 vmax = minus_inf;
     __mmask16 nan = 0;  // lanes with a visible NaN score
-    if (whole && !soft_cap && !alibi) {
+    if (whole && !modifiers.any()) {
       for (int i = 0; i < kDecodeSteps; ++i) {
         sv[i] = _mm512_load_ps(scores + i * kFloatsPerVector);
         nan |= _mm512_cmp_ps_mask(sv[i], sv[i], _CMP_UNORD_Q);
@@ -550,8 +547,10 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
         __m512 x = _mm512_load_ps(scores + i * kFloatsPerVector);
         const __mmask16 raw_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
         const __m512i key = _mm512_add_epi32(key_of_lane, _mm512_set1_epi32(t0 + i * kDecodeKeyBlock));
-        if (soft_cap) x = _mm512_mul_ps(cap, hn::Tanh(d, hn::Vec512<float>{_mm512_mul_ps(x, inv_cap)}).raw);
-        if (alibi) x = _mm512_fmadd_ps(vslope, _mm512_sub_ps(_mm512_cvtepi32_ps(key), vposition), x);
+        x = modifiers
+                .apply(d, hn::Vec512<float>{x}, hn::Vec512<std::int32_t>{key}, hn::Vec512<float>{vslope},
+                       hn::Vec512<float>{vposition})
+                .raw;
         const __mmask16 visible = _mm512_cmpge_epi32_mask(key, vlo) & _mm512_cmplt_epi32_mask(key, vhi);
         sv[i] = _mm512_mask_mov_ps(minus_inf, visible, x);
         nan |= raw_nan & visible;
