@@ -454,15 +454,39 @@ struct ScoreModifiers {
         inv_cap(hn::Set(d, soft_cap ? 1.0f / p.soft_cap : 0.0f)) {}
 
   bool any() const { return soft_cap || alibi; }
-
-  // Scores x of keys `key`, for rows with these ALiBi slopes and positions (per lane).
-  hn::Vec<D> apply(D d, hn::Vec<D> x, hn::Vec<hn::RebindToSigned<D>> key, hn::Vec<D> slope,
-                   hn::Vec<D> position) const {
-    if (soft_cap) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
-    if (alibi) x = hn::MulAdd(slope, hn::Sub(hn::ConvertTo(d, key), position), x);
-    return x;
-  }
 };
+
+// The rows' visible keys [lo, hi) and ALiBi terms, per lane (the four-row
+// softmaxes put several rows in one vector; softmax_tile repeats one row).
+template <class D>
+struct LaneRows {
+  hn::Vec<hn::RebindToSigned<D>> lo_minus_one;
+  hn::Vec<hn::RebindToSigned<D>> hi;
+  hn::Vec<D> slope;
+  hn::Vec<D> position;
+};
+
+// The end of a row's visible keys in the tile [t0, t0 + n), and whether the
+// row sees all kTileKeys keys of it (then no key needs a mask).
+inline int visible_end(const RowInfo& info, int t0, int n) { return std::min(info.hi, t0 + n); }
+inline bool sees_whole_tile(const RowInfo& info, int t0, int n) {
+  return info.lo <= t0 && visible_end(info, t0, n) >= t0 + kTileKeys;
+}
+
+// Soft cap, then ALiBi, then the visible interval on scores sv of keys j
+// (per lane): keys a row does not see become -inf, and `nan` gains the lanes
+// whose visible score was NaN before the modifiers. Every softmax of the
+// kernel masks through this.
+template <class D>
+HWY_INLINE hn::Vec<D> mask_scores(D d, const ScoreModifiers<D>& modifiers, const LaneRows<D>& rows,
+                                  hn::Vec<D> sv, hn::Vec<hn::RebindToSigned<D>> j, hn::Mask<D>& nan) {
+  const auto raw_nan = hn::IsNaN(sv);
+  if (modifiers.soft_cap) sv = hn::Mul(modifiers.cap, hn::Tanh(d, hn::Mul(sv, modifiers.inv_cap)));
+  if (modifiers.alibi) sv = hn::MulAdd(rows.slope, hn::Sub(hn::ConvertTo(d, j), rows.position), sv);
+  const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, rows.lo_minus_one), hn::Lt(j, rows.hi)));
+  nan = hn::Or(nan, hn::And(raw_nan, visible));
+  return hn::IfThenElse(visible, sv, hn::Set(d, neg_inf()));
+}
 
 // The AVX-512 specializations (compiled in the AVX3 pass only).
 #include "backends/cpu_attn/kernels/cpu_attn_kernel_avx3-inl.h"
@@ -481,19 +505,17 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
     const RowInfo& info = sc.rows[r];
     float* srow = sc.s + r * kTileKeys;
     const int lo = info.lo;
-    const int hi = std::min(info.hi, t0 + n);
+    const int hi = visible_end(info, t0, n);
     if (lo >= hi || hi <= t0 || lo >= t0 + n) {
       sc.alpha[r] = 1.0f;
       for (int i = 0; i < kTileKeys; ++i) srow[i] = 0.0f;
       continue;
     }
     auto vmax = minus_inf;
-    const auto vlo_minus_one = hn::Set(di, lo - 1);
-    const auto vhi = hn::Set(di, hi);
-    const auto slope = hn::Set(d, info.slope);
-    const auto pos = hn::Set(d, info.position);
+    const LaneRows<D> lane_rows{hn::Set(di, lo - 1), hn::Set(di, hi), hn::Set(d, info.slope),
+                                hn::Set(d, info.position)};
     // A tile the row sees whole (most tiles of a long row) needs no mask.
-    const bool whole = lo <= t0 && hi >= t0 + kTileKeys;
+    const bool whole = sees_whole_tile(info, t0, n);
     auto nan = hn::FirstN(d, 0);  // a visible score is NaN
     for (int i = 0; i < kTileKeys; i += lanes) {
       auto sv = hn::Load(d, srow + i);
@@ -502,16 +524,7 @@ void softmax_tile(D d, const AttentionParams& p, const Scratch& sc, int rows, in
         nan = hn::Or(nan, hn::IsNaN(sv));
         continue;
       }
-      const auto raw_nan = hn::IsNaN(sv);
-      const auto j = hn::Iota(di, t0 + i);
-      sv = modifiers.apply(d, sv, j, slope, pos);
-      if (!whole) {
-        const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, vlo_minus_one), hn::Lt(j, vhi)));
-        sv = hn::IfThenElse(visible, sv, minus_inf);
-        nan = hn::Or(nan, hn::And(raw_nan, visible));
-      } else {
-        nan = hn::Or(nan, raw_nan);
-      }
+      sv = mask_scores(d, modifiers, lane_rows, sv, hn::Iota(di, t0 + i), nan);
       hn::Store(sv, d, srow + i);
       vmax = hn::Max(vmax, sv);
     }

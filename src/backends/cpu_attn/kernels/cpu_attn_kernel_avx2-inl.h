@@ -121,23 +121,18 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
     const int r = r0 + lane % kRowBlock;
     const RowInfo& info = sc.rows[r];
     lo_minus_one[lane] = info.lo - 1;
-    hi[lane] = std::min(info.hi, t0 + n);
+    hi[lane] = visible_end(info, t0, n);
     slope[lane] = info.slope;
     pos[lane] = info.position;
     m_old[lane] = sc.m[r];
     l_old[lane] = sc.l[r];
     key_of_lane[lane] = t0 + lane / kRowBlock;
-    whole = whole && info.lo <= t0 && hi[lane] >= t0 + kTileKeys;
+    whole = whole && sees_whole_tile(info, t0, n);
   }
-  const bool soft_cap = p.soft_cap > 0.0f;
-  const bool modified = soft_cap || p.alibi_slopes != nullptr;
-  const auto cap = hn::Set(d, p.soft_cap);
-  const auto inv_cap = hn::Set(d, soft_cap ? 1.0f / p.soft_cap : 0.0f);
+  const ScoreModifiers<D> modifiers(d, p);
   const auto minus_inf = hn::Set(d, neg_inf());
-  const auto vlo_minus_one = hn::Load(di, lo_minus_one);
-  const auto vhi = hn::Load(di, hi);
-  const auto vslope = hn::Load(d, slope);
-  const auto vpos = hn::Load(d, pos);
+  const LaneRows<D> lane_rows{hn::Load(di, lo_minus_one), hn::Load(di, hi), hn::Load(d, slope),
+                              hn::Load(d, pos)};
   const auto key_step = hn::Set(di, 2);
   auto j = hn::Load(di, key_of_lane);
   const int vectors = (n + 1) / 2;
@@ -145,13 +140,8 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
   auto nan = hn::FirstN(d, 0);  // a visible score is NaN
   for (int v = 0; v < vectors; ++v, j = hn::Add(j, key_step)) {
     auto sv = hn::LoadU(d, st + v * kLanes);
-    if (!whole || modified) {
-      const auto raw_nan = hn::IsNaN(sv);
-      if (soft_cap) sv = hn::Mul(cap, hn::Tanh(d, hn::Mul(sv, inv_cap)));
-      if (p.alibi_slopes != nullptr) sv = hn::MulAdd(vslope, hn::Sub(hn::ConvertTo(d, j), vpos), sv);
-      const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, vlo_minus_one), hn::Lt(j, vhi)));
-      sv = hn::IfThenElse(visible, sv, minus_inf);
-      nan = hn::Or(nan, hn::And(raw_nan, visible));
+    if (!whole || modifiers.any()) {
+      sv = mask_scores(d, modifiers, lane_rows, sv, j, nan);
       hn::StoreU(sv, d, st + v * kLanes);
     } else {
       nan = hn::Or(nan, hn::IsNaN(sv));

@@ -508,52 +508,51 @@ HWY_INLINE int DecodeProbIndex(int j) {
 // (alpha 1, or 0 while it has seen no key, its accumulator then being zero).
 PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scratch& sc, int rows, int t0,
                                            int n) {
-  const hn::ScalableTag<float> d;
-  const ScoreModifiers<decltype(d)> modifiers(d, p);
+  using D = hn::ScalableTag<float>;
+  const D d;
+  const hn::RebindToSigned<D> di;
+  const ScoreModifiers<D> modifiers(d, p);
   const __m512 minus_inf = _mm512_set1_ps(neg_inf());
   const __m512i key_of_lane = _mm512_set_epi32(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0);
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int rb = std::min(kRowBlock, rows - r0);
     const auto real_rows = static_cast<__mmask8>((1u << rb) - 1);
-    alignas(16) std::int32_t lo[kRowBlock];
+    alignas(16) std::int32_t lo_minus_one[kRowBlock];
     alignas(16) std::int32_t hi[kRowBlock];
     alignas(16) float slope[kRowBlock];
     alignas(16) float position[kRowBlock];
     bool whole = true;  // every row sees every key of the tile
     for (int r = 0; r < kRowBlock; ++r) {
       const RowInfo& info = sc.rows[r0 + (r < rb ? r : 0)];
-      lo[r] = info.lo;
-      hi[r] = std::min(info.hi, t0 + n);
+      lo_minus_one[r] = info.lo - 1;
+      hi[r] = visible_end(info, t0, n);
       slope[r] = info.slope;
       position[r] = info.position;
-      whole = whole && lo[r] <= t0 && hi[r] >= t0 + kTileKeys;
+      whole = whole && sees_whole_tile(info, t0, n);
     }
     float* scores = DecodeScoreStep(sc, r0, 0);
     __m512 sv[kDecodeSteps];
     __m512 vmax = minus_inf;
-    __mmask16 nan = 0;  // lanes with a visible NaN score
+    auto nan = hn::FirstN(d, 0);  // lanes with a visible NaN score
     if (whole && !modifiers.any()) {
       for (int i = 0; i < kDecodeSteps; ++i) {
         sv[i] = _mm512_load_ps(scores + i * kFloatsPerVector);
-        nan |= _mm512_cmp_ps_mask(sv[i], sv[i], _CMP_UNORD_Q);
+        nan = hn::Or(nan, hn::IsNaN(hn::Vec512<float>{sv[i]}));
         vmax = _mm512_max_ps(vmax, sv[i]);
       }
     } else {
-      const __m512i vlo = RowLanes(_mm_load_si128(reinterpret_cast<const __m128i*>(lo)));
-      const __m512i vhi = RowLanes(_mm_load_si128(reinterpret_cast<const __m128i*>(hi)));
-      const __m512 vslope = RowLanes(_mm_load_ps(slope));
-      const __m512 vposition = RowLanes(_mm_load_ps(position));
+      const auto load_i32 = [](const std::int32_t* x) {
+        return _mm_load_si128(reinterpret_cast<const __m128i*>(x));
+      };
+      const LaneRows<D> lane_rows{{RowLanes(load_i32(lo_minus_one))},
+                                  {RowLanes(load_i32(hi))},
+                                  {RowLanes(_mm_load_ps(slope))},
+                                  {RowLanes(_mm_load_ps(position))}};
       for (int i = 0; i < kDecodeSteps; ++i) {
-        __m512 x = _mm512_load_ps(scores + i * kFloatsPerVector);
-        const __mmask16 raw_nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-        const __m512i key = _mm512_add_epi32(key_of_lane, _mm512_set1_epi32(t0 + i * kDecodeKeyBlock));
-        x = modifiers
-                .apply(d, hn::Vec512<float>{x}, hn::Vec512<std::int32_t>{key}, hn::Vec512<float>{vslope},
-                       hn::Vec512<float>{vposition})
-                .raw;
-        const __mmask16 visible = _mm512_cmpge_epi32_mask(key, vlo) & _mm512_cmplt_epi32_mask(key, vhi);
-        sv[i] = _mm512_mask_mov_ps(minus_inf, visible, x);
-        nan |= raw_nan & visible;
+        const auto key =
+            hn::Add(hn::Vec512<std::int32_t>{key_of_lane}, hn::Set(di, t0 + i * kDecodeKeyBlock));
+        sv[i] =
+            mask_scores(d, modifiers, lane_rows, hn::Load(d, scores + i * kFloatsPerVector), key, nan).raw;
         vmax = _mm512_max_ps(vmax, sv[i]);
       }
     }
@@ -567,7 +566,7 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
     // Exp clamps its argument, which turns a NaN score into P = 0 (and
     // exp(-inf - -inf) into 0): a NaN alpha makes the row's accumulator and
     // sum NaN instead, as the oracle's are.
-    const __m512 alpha = _mm512_mask_mov_ps(ExpVec(_mm512_sub_ps(m_old, m_new)), WholeRows(nan),
+    const __m512 alpha = _mm512_mask_mov_ps(ExpVec(_mm512_sub_ps(m_old, m_new)), WholeRows(nan.raw),
                                             _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
     const __m512 l_old = RowLanes(_mm_maskz_loadu_ps(real_rows, sc.l + r0));
     const __m512 l_new = _mm512_add_ps(_mm512_mul_ps(l_old, alpha), RowSum(vsum));
