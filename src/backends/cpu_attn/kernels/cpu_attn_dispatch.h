@@ -41,7 +41,8 @@ struct RowInfo {
 struct Scratch {
   float* q = nullptr;       // [rows, D] query, times scale (and the K dequant scale)
   float* acc = nullptr;     // [rows, D] unnormalized output
-  float* s = nullptr;       // score_tile_floats(rows): [rows, kTileKeys] scores, then probabilities
+  float* s = nullptr;       // score_tile_floats(rows): [rows, kTileKeys] scores, then probabilities (AVX-512
+                            // decode tiles: row blocks, DecodeScoreStep)
   float* m = nullptr;       // [rows] running max
   float* l = nullptr;       // [rows] running sum
   float* alpha = nullptr;   // [rows] rescale of the accumulator for the current tile
