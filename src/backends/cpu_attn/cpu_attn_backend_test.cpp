@@ -5,14 +5,15 @@
 #include <pagedattn/metadata.h>
 #include <pagedattn/scalar.h>
 
-#include "backends/cpu_attn/cpu_attn_plan.h"
-#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
-#include "backends/cpu_attn/thread_pool.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+
+#include "backends/cpu_attn/cpu_attn_plan.h"
+#include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
+#include "backends/cpu_attn/thread_pool.h"
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
@@ -406,6 +407,61 @@ TEST(CpuAttnBackendTest, NanKeyMakesTheRowsThatSeeItNaN) {
         }
       }
     }
+  });
+}
+
+// The NaN rule where tiles need masks (a partial last tile, a causal step, a
+// sliding window's first tile, every tile under a soft cap): a NaN key makes
+// the rows that see it NaN wherever it sits in the tile, and changes nothing
+// for rows the mask hides it from. One speculative step of kQueries tokens
+// (the decode tiles) over kKeys keys, the NaN in KV head 0, on every ISA.
+TEST(CpuAttnBackendTest, NanKeyInAMaskedTileFollowsTheMask) {
+  constexpr std::uint16_t kBf16Nan = 0x7FC0;
+  constexpr int kQueries = 8;
+  constexpr int kKeys = 72;    // tiles of 32: two whole, one of 8
+  constexpr int kWindow = 50;  // the tokens' windows start at keys 15-22
+  constexpr int kNanDim = 17;
+  constexpr int kGroup = Problem::kHeads / Problem::kKvHeads;
+  Problem pr;
+  auto* key = static_cast<std::uint16_t*>(pr.kv.key.data());  // [NB, BS, Hkv, D]
+  const auto element = [&](int k) -> std::uint16_t& {
+    return key[k / Problem::kBlockSize * pr.kv.key.stride(0) + k % Problem::kBlockSize * pr.kv.key.stride(1) +
+               kNanDim * pr.kv.key.stride(3)];
+  };
+  const Tensor query = pr.random_tensor({kQueries, Problem::kHeads, Problem::kHeadSize});
+  const auto common = pr.metadata({{kQueries, kKeys}});
+  const auto sees = [&](int t, int k) {
+    const int position = kKeys - kQueries + t;
+    return k <= position && (!pr.params.sliding_window || k > position - *pr.params.sliding_window);
+  };
+  // With a NaN at key k: the rows of KV head 0 NaN for the tokens that see
+  // it, every other row finite.
+  const auto check = [&](cpu_attn::Isa isa, const char* what, int k) {
+    std::uint16_t& x = element(k);
+    const std::uint16_t saved = x;
+    x = kBf16Nan;
+    const std::vector<float> o = to_float_vector(pr.forward(common, query));
+    x = saved;
+    for (int t = 0; t < kQueries; ++t) {
+      for (int head = 0; head < Problem::kHeads; ++head) {
+        const bool want_nan = head < kGroup && sees(t, k);
+        for (int e = 0; e < Problem::kHeadSize; ++e) {
+          ASSERT_EQ(std::isnan(o[(t * Problem::kHeads + head) * Problem::kHeadSize + e]), want_nan)
+              << cpu_attn::isa_name(isa) << " " << what << ": NaN key " << k << " token " << t << " head "
+              << head << " element " << e;
+        }
+      }
+    }
+  };
+  for_each_isa([&](cpu_attn::Isa isa) {
+    pr.params.logits_soft_cap.reset();
+    pr.params.sliding_window.reset();
+    for (int k = 2 * cpu_attn::kTileKeys; k < kKeys; ++k) check(isa, "causal partial tile", k);
+    pr.params.logits_soft_cap = 30.0f;
+    for (int k = cpu_attn::kTileKeys; k < kKeys; ++k) check(isa, "soft cap", k);
+    pr.params.logits_soft_cap.reset();
+    pr.params.sliding_window = kWindow;
+    for (int k = 0; k < cpu_attn::kTileKeys; ++k) check(isa, "sliding window", k);
   });
 }
 
