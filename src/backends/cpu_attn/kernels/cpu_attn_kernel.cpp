@@ -675,8 +675,8 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
 // A chunk is 2 x Lanes(d) K/V elements, read as two float vectors. bf16 is
 // read as 32-bit lanes whose low and high halves are already the even and odd
 // elements' float bits (one shift or mask each instead of a widening
-// conversion); e4m3 on AVX2 as 32-bit lanes of four values, one float vector
-// per byte position (E4M3Byte). A block of kChunkWays<KV> x Lanes(d) elements
+// conversion); e4m3 on AVX2 and AVX-512 as 32-bit lanes of four values, one
+// float vector per byte position (E4M3Byte). A block of kChunkWays<KV> x Lanes(d) elements
 // is then read in an interleaved order; the query rows and the accumulator are
 // kept in the same order and the accumulator is put back at the end. Other
 // dtypes keep their order. Scores take several keys per pass and P V several
@@ -685,10 +685,11 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
 constexpr int kDecodeAccumulators = 8;
 
 // Float vectors one load of a block yields (1: head-dimension order).
+constexpr bool kE4M3AsFloatBits = HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3;
 template <DType KV>
-constexpr int kChunkWays = KV == DType::BF16                                   ? 2
-                           : (KV == DType::FP8_E4M3 && HWY_TARGET == HWY_AVX2) ? 4
-                                                                               : 1;
+constexpr int kChunkWays = KV == DType::BF16                             ? 2
+                           : (KV == DType::FP8_E4M3 && kE4M3AsFloatBits) ? 4
+                                                                         : 1;
 
 // Elements of the blocks the chunked path walks (head sizes must divide).
 template <DType KV>
@@ -1102,10 +1103,12 @@ void stage_rows([[maybe_unused]] D d, const unsigned char* const* rows, int n, s
 }
 
 // Whether an item of `rows` rows takes the chunked decode path with its
-// chunk tiles (AVX-512 walks it only with its vdpbf16ps tiles, takes_decode_dot).
+// chunk tiles (AVX-512 with AVX512-BF16 walks it with its vdpbf16ps tiles
+// where takes_decode_dot; AVX-512 without it with these, docs/perf.md
+// attempt 46).
 template <DType KV>
 bool takes_chunked_path(int rows, int d_size, int lanes) {
-  return HWY_TARGET != HWY_AVX3 && rows < kTransposeMinRows && d_size % chunk_block<KV>(lanes) == 0;
+  return rows < kTransposeMinRows && d_size % chunk_block<KV>(lanes) == 0;
 }
 
 // Whether a decode item takes the AVX512-BF16 decode path (bf16 queries, bf16
