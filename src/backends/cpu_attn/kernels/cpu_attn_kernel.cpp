@@ -676,16 +676,19 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
 // read as 32-bit lanes whose low and high halves are already the even and odd
 // elements' float bits (one shift or mask each instead of a widening
 // conversion); e4m3 on AVX2 and AVX-512 as 32-bit lanes of four values, one
-// float vector per byte position (E4M3Byte). A block of kChunkWays<KV> x Lanes(d) elements
-// is then read in an interleaved order; the query rows and the accumulator are
-// kept in the same order and the accumulator is put back at the end. Other
-// dtypes keep their order. Scores take several keys per pass and P V several
+// float vector per byte position (E4M3Byte). A block of kChunkWays<KV> x
+// Lanes(d) elements is then read in an interleaved order; the query rows and
+// the accumulator are kept in the same order and the accumulator is put back
+// at the end. Other dtypes keep their order. Scores take several keys per pass and P V several
 // chunks per pass, so every K/V load feeds all rows of a block and
 // kDecodeAccumulators independent FMA chains are in flight.
 constexpr int kDecodeAccumulators = 8;
 
-// Float vectors one load of a block yields (1: head-dimension order).
+// The targets whose chunked tiles read e4m3 as float bits (E4M3Byte); the
+// scalar one converts through halves (LoadE4M3NanFree, LoadKV).
 constexpr bool kE4M3AsFloatBits = HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3;
+
+// Float vectors one load of a block yields (1: head-dimension order).
 template <DType KV>
 constexpr int kChunkWays = KV == DType::BF16                             ? 2
                            : (KV == DType::FP8_E4M3 && kE4M3AsFloatBits) ? 4
