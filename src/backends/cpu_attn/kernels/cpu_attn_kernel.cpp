@@ -226,8 +226,8 @@ void permute_rows(T* x, T* tmp, int rows, int d_size, int block, SlotDim slot_di
 // The chunked decode path instead spreads the next tile's prefetches over its
 // score loops (TilePrefetch, attempt 26).
 constexpr int kFarPrefetchTiles = 4;
-// The same for RunChunkedDecode's AVX512-BF16 tiles, in (tile, head) units,
-// spread over the P V loop (docs/perf.md, attempt 41: 8 to 16 measured alike).
+// The same for RunChunkedDecode's tiles, in (tile, head) units, spread over
+// the P V loop (docs/perf.md, attempts 41 and 48: 8 to 16 measured alike).
 constexpr int kFarPrefetchUnits = 8;
 // __builtin_prefetch locality hints.
 constexpr int kKeepInL1 = 3;
@@ -913,10 +913,13 @@ struct ProbLayout {
   int key_step = 1;
 };
 
-// acc[r0 .. r0 + kR] = alpha * acc + P V, kChunks chunks per pass.
+// acc[r0 .. r0 + kR] = alpha * acc + P V, kChunks chunks per pass. `far`
+// (the first row block's passes; else null): the unit kFarPrefetchUnits ahead,
+// whose K and V rows go to L2 beside it, each pass an equal share of each
+// row's lines.
 template <DType KV, bool kNanFree, int kR, int kChunks, class D>
 void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
-               const ProbLayout& probs) {
+               const ProbLayout& probs, const TilePrefetch* far) {
   const int lanes = static_cast<int>(hn::Lanes(d));
   float* a[kR];
   const float* prob[kR];
@@ -925,10 +928,13 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
     prob[r] = probs.first + r * probs.row_step;
   }
   constexpr int kVectors = 2 * kChunks;
-  for (int c0 = 0; c0 < d_size; c0 += kVectors * lanes) {
+  const int far_n = far != nullptr ? far->n : 0;
+  const int far_lines = far != nullptr ? far->lines : 0;
+  const int passes = d_size / (kVectors * lanes);
+  for (int c0 = 0, pass = 0; c0 < d_size; c0 += kVectors * lanes, ++pass) {
     hn::Vec<D> acc[kR][kVectors];
     load_rescaled(d, sc, r0, a, c0, acc);
-    for (int i = 0; i < n; ++i) {
+    const auto key = [&](int i) {
       hn::Vec<D> pr[kR];
       for (int r = 0; r < kR; ++r) pr[r] = hn::Set(d, prob[r][i * probs.key_step]);
       for (int ch = 0; ch < kChunks; ++ch) {
@@ -940,7 +946,21 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
           acc[r][2 * ch + 1] = hn::MulAdd(pr[r], vb, acc[r][2 * ch + 1]);
         }
       }
+    };
+    // The keys whose far rows have lines in this pass's share, then the rest
+    // (the share is often empty: passes outnumber a row's lines).
+    const int line_begin = pass * far_lines / passes;
+    const int line_end = (pass + 1) * far_lines / passes;
+    const int far_keys = line_begin < line_end ? std::min(far_n, n) : 0;
+    int i = 0;
+    for (; i < far_keys; ++i) {
+      for (int line = line_begin; line < line_end; ++line) {
+        prefetch_lines<kKeepInL2>(far->k_rows[i] + line * kCacheLine, 1);
+        prefetch_lines<kKeepInL2>(far->v_rows[i] + line * kCacheLine, 1);
+      }
+      key(i);
     }
+    for (; i < n; ++i) key(i);
     store_accumulators(d, a, c0, acc);
   }
 }
@@ -949,16 +969,18 @@ void pv_decode(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned
 // accumulators and divide the head size.
 template <DType KV, bool kNanFree, int kR, class D>
 void pv_decode_block(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* v_rows,
-                     const ProbLayout& probs) {
+                     const ProbLayout& probs, const TilePrefetch* far) {
   constexpr int kMostChunks = kDecodeAccumulators / (2 * kR);
   const int chunk = 2 * static_cast<int>(hn::Lanes(d));
   if constexpr (kMostChunks >= 4) {
-    if (d_size % (4 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows, probs);
+    if (d_size % (4 * chunk) == 0)
+      return pv_decode<KV, kNanFree, kR, 4>(d, sc, r0, d_size, n, v_rows, probs, far);
   }
   if constexpr (kMostChunks >= 2) {
-    if (d_size % (2 * chunk) == 0) return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows, probs);
+    if (d_size % (2 * chunk) == 0)
+      return pv_decode<KV, kNanFree, kR, 2>(d, sc, r0, d_size, n, v_rows, probs, far);
   }
-  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows, probs);
+  pv_decode<KV, kNanFree, kR, 1>(d, sc, r0, d_size, n, v_rows, probs, far);
 }
 
 // The AVX2 four-row decode tile (compiled in the AVX2 pass only).
@@ -996,14 +1018,15 @@ bool has_e4m3_nan(D, const unsigned char* const* rows, int n, int d_size) {
 template <DType KV, bool kNanFree, class D>
 void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                       const unsigned char* const* k_rows, const unsigned char* const* v_rows,
-                      const TilePrefetch& ahead) {
+                      const TilePrefetch& ahead, const TilePrefetch& far) {
 #if HWY_TARGET == HWY_AVX2
   if (rows % kRowBlock == 0)
-    return tile_decode_quads<KV, kNanFree>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
+    return tile_decode_quads<KV, kNanFree>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead, far);
 #endif
   const int d_size = p.head_size;
-  // The first row block's loops prefetch the next tile.
+  // The first row block's loops prefetch the next tile (scores) and the far one (P V).
   const auto block_ahead = [&](int first) { return first == 0 ? &ahead : nullptr; };
+  const auto block_far = [&](int first) { return first == 0 ? &far : nullptr; };
   int r0 = 0;
   for (; r0 + kRowBlock <= rows; r0 += kRowBlock) {
     scores_decode<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, k_rows, block_ahead(r0));
@@ -1014,27 +1037,33 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
   softmax_tile(d, p, sc, rows, t0, n, kChunkRescale<KV>);
   const auto row_major = [&](int first) { return ProbLayout{sc.s + first * kTileKeys}; };
   for (r0 = 0; r0 + kRowBlock <= rows; r0 += kRowBlock) {
-    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0));
+    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, d_size, n, v_rows, row_major(r0), block_far(r0));
   }
-  if (rows - r0 >= 2) pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows, row_major(r0));
-  if ((rows - r0) % 2 == 1) pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows, row_major(rows - 1));
+  if (rows - r0 >= 2)
+    pv_decode_block<KV, kNanFree, 2>(d, sc, r0, d_size, n, v_rows, row_major(r0), block_far(r0));
+  if ((rows - r0) % 2 == 1) {
+    pv_decode_block<KV, kNanFree, 1>(d, sc, rows - 1, d_size, n, v_rows, row_major(rows - 1),
+                                     block_far(rows - 1));
+  }
 }
 
 // One tile of the chunked decode path: rows in blocks of four, then two, then
 // one. e4m3 tiles without the NaN code (nearly all) take the cheap conversion.
+// `ahead` is prefetched into L1 from the score loop, `far` into L2 from the
+// P V loop.
 template <DType KV, class D>
 void tile_decode(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                  const unsigned char* const* k_rows, const unsigned char* const* v_rows,
-                 const TilePrefetch& ahead) {
+                 const TilePrefetch& ahead, const TilePrefetch& far) {
   // HWY_SCALAR has no byte vector wider than its one float lane to scan with.
   if constexpr (KV == DType::FP8_E4M3 && HWY_TARGET != HWY_SCALAR) {
     const hn::Repartition<std::uint8_t, D> du8;
     if (p.head_size % static_cast<int>(hn::Lanes(du8)) == 0 && !has_e4m3_nan(d, k_rows, n, p.head_size) &&
         !has_e4m3_nan(d, v_rows, n, p.head_size)) {
-      return tile_decode_rows<KV, true>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
+      return tile_decode_rows<KV, true>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead, far);
     }
   }
-  tile_decode_rows<KV, false>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead);
+  tile_decode_rows<KV, false>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead, far);
 }
 
 #if HWY_TARGET == HWY_AVX3
@@ -1180,11 +1209,11 @@ void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& sh
 // 4 KiB of each HND block (16 keys, head size 128, bf16) and jumps; all heads
 // of a block range read whole blocks, measured faster (docs/perf.md, attempt
 // 39; the software prefetches still carry the reads). The next (tile, head)
-// unit is prefetched into L1 while one is computed. `decode_dot`: the tiles are
-// the AVX512-BF16 decode path's (takes_decode_dot), with bf16 queries in head
-// order; they also prefetch the unit kFarPrefetchUnits ahead into L2 (on Zen 4
-// the L2 hint leaves the L1 miss buffers to the near prefetches and the
-// demand loads, attempt 41).
+// unit is prefetched into L1 while one is computed, and the unit
+// kFarPrefetchUnits ahead into L2 (on Zen 4 the L2 hint leaves the L1 miss
+// buffers to the near prefetches and the demand loads, attempts 41 and 48).
+// `decode_dot`: the tiles are the AVX512-BF16 decode path's
+// (takes_decode_dot), with bf16 queries in head order.
 template <DType KV, class D>
 void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const PartialState& partials,
                       void* scratch, bool decode_dot) {
@@ -1221,12 +1250,15 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
   const unsigned char* staged_v[kTileKeys];
   // Units in order: (tile 0, head 0), (tile 0, head 1), ... Row pointers of
   // the units from the one computed to the last one prefetched, each computed
-  // once: the next unit is prefetched into L1 and, for the AVX512-BF16 tiles,
-  // the one kFarPrefetchUnits ahead into L2.
+  // once: the next unit is prefetched into L1 and the one kFarPrefetchUnits
+  // ahead into L2.
   constexpr int kUnitRing = kFarPrefetchUnits + 1;
   const unsigned char* unit_k[kUnitRing][kTileKeys];
   const unsigned char* unit_v[kUnitRing][kTileKeys];
-  const int lookahead = decode_dot ? kFarPrefetchUnits : 1;
+  // The chunk tiles take the far stream for 2- and 4-byte K/V only: with
+  // 1-byte K/V it measured slower (docs/perf.md, attempt 48).
+  const bool far_stream = decode_dot || dtype_size(KV) > 1;
+  const int lookahead = far_stream ? kFarPrefetchUnits : 1;
   // The AVX512-BF16 tiles prefetch the next unit into L1 only when it and the
   // unit computed take at most half of L1: bf16 units at head size 128 (16 KiB)
   // evicted the unit computed, and the L2 hint measured faster (docs/perf.md,
@@ -1257,17 +1289,18 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
       k_rows = staged_k;
       v_rows = staged_v;
     }
+    const TilePrefetch far =
+        far_stream ? prefetch_of(u + kFarPrefetchUnits, cache_lines(row_bytes)) : TilePrefetch{};
 #if HWY_TARGET == HWY_AVX3
     if constexpr (kDecodeDotKV<KV>) {
       if (decode_dot) {
         const float score_scale = p.scale * dequant_scale(p, p.k_scale, item.kv_head + u % heads);
-        const TilePrefetch far = prefetch_of(u + kFarPrefetchUnits, 0);
         tile_decode_dot<KV>(p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, far, score_scale);
         continue;
       }
     }
 #endif
-    tile_decode<KV>(d, p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead);
+    tile_decode<KV>(d, p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, far);
   }
   for (int h = 0; h < heads; ++h) {
     const Scratch sc = head_scratch(h);

@@ -179,14 +179,15 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
 template <DType KV, bool kNanFree, class D>
 void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                        const unsigned char* const* k_rows, const unsigned char* const* v_rows,
-                       const TilePrefetch& ahead) {
+                       const TilePrefetch& ahead, const TilePrefetch& far) {
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     float* st = sc.s + r0 * kTileKeys;  // [kTileKeys, 4]: the block's kTileKeys x 4 floats
     const TilePrefetch* block_ahead = r0 == 0 ? &ahead : nullptr;
+    const TilePrefetch* block_far = r0 == 0 ? &far : nullptr;
     scores_quad<KV, kNanFree>(d, sc, r0, p.head_size, n, k_rows, st, block_ahead);
     softmax_quad(d, p, sc, r0, t0, n, st, kChunkRescale<KV>);
-    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, p.head_size, n, v_rows,
-                                             ProbLayout{st, 1, kRowBlock});
+    pv_decode_block<KV, kNanFree, kRowBlock>(d, sc, r0, p.head_size, n, v_rows, ProbLayout{st, 1, kRowBlock},
+                                             block_far);
   }
 }
 #endif  // HWY_TARGET == HWY_AVX2
