@@ -679,9 +679,9 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
 // float vector per byte position (E4M3Byte). A block of kChunkWays<KV> x
 // Lanes(d) elements is then read in an interleaved order; the query rows and
 // the accumulator are kept in the same order and the accumulator is put back
-// at the end. Other dtypes keep their order. Scores take several keys per pass and P V several
-// chunks per pass, so every K/V load feeds all rows of a block and
-// kDecodeAccumulators independent FMA chains are in flight.
+// at the end. Other dtypes keep their order. Scores take several keys per pass
+// and P V several chunks per pass, so every K/V load feeds all rows of a block
+// and kDecodeAccumulators independent FMA chains are in flight.
 constexpr int kDecodeAccumulators = 8;
 
 // The targets whose chunked tiles read e4m3 as float bits (E4M3Byte); the
