@@ -1,9 +1,9 @@
 // AVX2's four-row decode tile of the CPU_ATTN kernel: scores for four query
 // rows of one KV head, the online softmax on key-major vectors, and P V from
-// the same tile. Part of cpu_attn_kernel.cpp's per-target body: that file
-// includes this one inside its Highway target namespace once per compiled
-// target (no include guard on purpose) after the chunked-decode helpers it
-// uses; only the AVX2 pass compiles anything.
+// the same tile. Part of cpu_attn_kernel.cpp's per-target body:
+// cpu_attn_kernel_chunked-inl.h includes this one inside the Highway target
+// namespace once per compiled target (no include guard on purpose) after the
+// chunked-decode helpers it uses; only the AVX2 pass compiles anything.
 
 #if HWY_TARGET == HWY_AVX2
 // ---- AVX2: four rows of a decode tile at once ------------------------------------
