@@ -27,15 +27,16 @@
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
-#include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
-#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
+
+#include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
+#include "backends/cpu_attn/kernels/cpu_attn_exp_avx512.h"
+#include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::cpu_attn::HWY_NAMESPACE {

@@ -483,8 +483,8 @@ HWY_INLINE __mmask16 WholeRows(__mmask16 lanes) {
   return static_cast<__mmask16>((m & kFirstLanes) * kRowLanes);
 }
 
-// Highway's Exp on a raw vector.
-HWY_INLINE __m512 ExpVec(__m512 x) { return hn::Exp(hn::ScalableTag<float>(), hn::Vec512<float>{x}).raw; }
+// exp for the decode softmax (cpu_attn_exp_avx512.h).
+HWY_INLINE __m512 ExpVec(__m512 x) { return exp_avx512(x); }
 
 // The probabilities of one row block as bf16 pairs of keys (2j, 2j + 1): dword
 // DecodeProbIndex(j) + 2r holds row r's pair j (the order vcvtne2ps2bf16 gives
