@@ -11,9 +11,12 @@
 
 namespace pagedattn::cpu_attn {
 
-// Keys per tile: two AVX-512 float vectors, so a score row of a tile fills
-// whole vectors on every target (scalar 1 lane, AVX2 8, AVX-512 16).
-inline constexpr int kTileKeys = 32;
+// Keys per tile: four AVX-512 float vectors, so a score row of a tile fills
+// whole vectors on every target (scalar 1 lane, AVX2 8, AVX-512 16). 64
+// rather than 32 halves the per-tile work of the decode passes (the P V
+// accumulators' load and store, the softmax's row state): docs/perf.md,
+// attempt 50.
+inline constexpr int kTileKeys = 64;
 // Floats after the score tile: the AVX2 four-row score pass writes four rows
 // of one key past the tile's last column.
 inline constexpr int kScorePadFloats = 4;

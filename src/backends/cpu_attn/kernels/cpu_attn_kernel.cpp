@@ -868,9 +868,10 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
   const bool far_stream = decode_dot || dtype_size(KV) > 1;
   const int lookahead = far_stream ? kFarPrefetchUnits : 1;
   // The AVX512-BF16 tiles prefetch the next unit into L1 only when it and the
-  // unit computed take at most half of L1: bf16 units at head size 128 (16 KiB)
-  // evicted the unit computed, and the L2 hint measured faster (docs/perf.md,
-  // attempt 43); e4m3 ones (8 KiB) keep L1.
+  // unit computed take at most half of L1: bf16 units at head size 128 evicted
+  // the unit computed, and the L2 hint measured faster (docs/perf.md, attempt
+  // 43); with 64-key tiles e4m3 units (16 KiB) measured faster with it too
+  // (attempt 50).
   const std::size_t unit_bytes = 2 * kTileKeys * row_bytes;
   const bool near_into_l2 = decode_dot && 2 * unit_bytes > kL1DataBytes / 2;
   const int units = lo < hi ? (hi - lo + kTileKeys - 1) / kTileKeys * heads : 0;

@@ -72,9 +72,14 @@ void LoadQueriesBf16(const AttentionParams& p, const WorkItem& item, const ItemS
   }
 }
 
+constexpr int kFloatsPerVector = 16;
+
 // Transposed bf16 dot-product scores (prefills): the K tile is packed as bf16
 // pairs [D / 2, kTileKeys] so one broadcast query pair meets 16 keys.
-constexpr int kDotRowBlock = 8;  // 8 rows x 2 key vectors = 16 accumulators
+constexpr int kDotRowBlock = 8;     // 8 rows x 2 key vectors = 16 accumulators
+constexpr int kDotKeyVectors = 2;   // key vectors per pass over the head dimension
+constexpr int kDotPassKeys = kDotKeyVectors * kFloatsPerVector;
+static_assert(kTileKeys % kDotPassKeys == 0, "score passes tile the key tile");
 PAGEDATTN_BF16_TARGET void ScoresTransposedBf16(const Scratch& sc, int rows, int d_size, int n,
                                                 const unsigned char* const* k_rows, float scale) {
   const int pairs = d_size / 2;
@@ -93,21 +98,25 @@ PAGEDATTN_BF16_TARGET void ScoresTransposedBf16(const Scratch& sc, int rows, int
     const int rb = std::min(kDotRowBlock, rows - r0);
     const std::uint32_t* q[kDotRowBlock];
     for (int r = 0; r < kDotRowBlock; ++r) q[r] = q32 + (r0 + (r < rb ? r : 0)) * pairs;
-    __m512 acc[kDotRowBlock][2];
-    for (int r = 0; r < kDotRowBlock; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int e = 0; e < pairs; ++e) {
-      const __m512bh k0 = (__m512bh)_mm512_load_si512(kt + e * kTileKeys);
-      const __m512bh k1 = (__m512bh)_mm512_load_si512(kt + e * kTileKeys + kTileKeys / 2);
+    for (int i0 = 0; i0 < kTileKeys; i0 += kDotPassKeys) {
+      __m512 acc[kDotRowBlock][kDotKeyVectors];
       for (int r = 0; r < kDotRowBlock; ++r) {
-        const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][e]));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qv, k0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qv, k1);
+        for (int v = 0; v < kDotKeyVectors; ++v) acc[r][v] = _mm512_setzero_ps();
       }
-    }
-    for (int r = 0; r < rb; ++r) {
-      float* out = sc.s + (r0 + r) * kTileKeys;
-      _mm512_store_ps(out, _mm512_mul_ps(acc[r][0], vscale));
-      _mm512_store_ps(out + kTileKeys / 2, _mm512_mul_ps(acc[r][1], vscale));
+      for (int e = 0; e < pairs; ++e) {
+        __m512bh k[kDotKeyVectors];
+        for (int v = 0; v < kDotKeyVectors; ++v)
+          k[v] = (__m512bh)_mm512_load_si512(kt + e * kTileKeys + i0 + v * kFloatsPerVector);
+        for (int r = 0; r < kDotRowBlock; ++r) {
+          const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][e]));
+          for (int v = 0; v < kDotKeyVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], qv, k[v]);
+        }
+      }
+      for (int r = 0; r < rb; ++r) {
+        float* out = sc.s + (r0 + r) * kTileKeys + i0;
+        for (int v = 0; v < kDotKeyVectors; ++v)
+          _mm512_store_ps(out + v * kFloatsPerVector, _mm512_mul_ps(acc[r][v], vscale));
+      }
     }
   }
 }
@@ -125,7 +134,6 @@ HWY_INLINE __m512i KeyPairIndex() {
 // fp32 loop. Rows in pairs x kPvVectors vectors (16 accumulators); d_size a
 // multiple of kPvVectors * 16.
 constexpr int kPvVectors = 8;
-constexpr int kFloatsPerVector = 16;
 PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_size, int n,
                                             const unsigned char* const* v_rows) {
   // Pack: pair j holds keys 2j and 2j + 1 (a missing key reads as zero).
@@ -148,8 +156,10 @@ PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_s
   auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
   for (int r = 0; r < rows; ++r) {
     const float* prob = sc.s + r * kTileKeys;
-    const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + kFloatsPerVector), _mm512_load_ps(prob));
-    _mm512_store_si512(pb + r * (kTileKeys / 2), (__m512i)packed);
+    for (int i = 0; i < kTileKeys; i += 2 * kFloatsPerVector) {
+      const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + i + kFloatsPerVector), _mm512_load_ps(prob + i));
+      _mm512_store_si512(pb + r * (kTileKeys / 2) + i / 2, (__m512i)packed);
+    }
   }
   for (int r0 = 0; r0 < rows; r0 += 2) {
     const int r1 = std::min(r0 + 1, rows - 1);  // an odd last row is computed twice, stored once
