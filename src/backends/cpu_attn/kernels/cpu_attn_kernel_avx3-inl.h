@@ -625,9 +625,12 @@ PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows,
           acc[r][v] = _mm512_mul_ps(_mm512_load_ps(a[r] + c0 + v * kFloatsPerVector), scale);
       }
       const auto step = [&](int j, auto second_key) {
-        for (int key = 2 * j; key < std::min(far_n, 2 * j + 2); ++key) {  // the far unit's chunk c0
-          prefetch_lines<kKeepInL2>(far.k_rows[key] + c0 * esize, kChunkLines);
-          prefetch_lines<kKeepInL2>(far.v_rows[key] + c0 * esize, kChunkLines);
+        if (2 * j < far_n) {  // the far unit's chunk c0 of keys 2j, 2j + 1
+          const int b = std::min(2 * j + 1, far_n - 1);
+          prefetch_lines<kKeepInL2>(far.k_rows[2 * j] + c0 * esize, kChunkLines);
+          prefetch_lines<kKeepInL2>(far.v_rows[2 * j] + c0 * esize, kChunkLines);
+          prefetch_lines<kKeepInL2>(far.k_rows[b] + c0 * esize, kChunkLines);
+          prefetch_lines<kKeepInL2>(far.v_rows[b] + c0 * esize, kChunkLines);
         }
         __m512i x[kVectors];
         PairValueChunk<KV, decltype(second_key)::value>(
