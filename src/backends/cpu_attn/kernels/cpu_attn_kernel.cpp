@@ -840,8 +840,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     if constexpr (kDecodeDotKV<KV>) {
       if (decode_dot) {
         LoadQueriesBf16(p, one, shape, reinterpret_cast<std::uint16_t*>(sc.q));
-        QueriesToKeySlotOrder<KV>(reinterpret_cast<std::uint16_t*>(sc.q),
-                                  reinterpret_cast<std::uint16_t*>(sc.tmp), shape.rows, d_size);
+        QueriesToKeySlotOrder<KV>(reinterpret_cast<std::uint16_t*>(sc.q), shape.rows, d_size);
         continue;
       }
     }
@@ -916,7 +915,7 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     if (!decode_dot) reorder_rows<KV>(sc.acc, sc.tmp, shape.rows, d_size, lanes, false);
 #if HWY_TARGET == HWY_AVX3
     if constexpr (kDecodeDotKV<KV>) {
-      if (decode_dot) AccToHeadOrder<KV>(sc.acc, sc.tmp, shape.rows, d_size);
+      if (decode_dot) AccToHeadOrder<KV>(sc.acc, shape.rows, d_size);
     }
 #endif
     end_head(p, head_of(item, h), shape, sc, partials);

@@ -306,12 +306,37 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadKeyChunkBf16(const unsigned char* p,
   }
 }
 
-// Puts each bf16 query row [rows, d_size] into the key slot order of KV; tmp
-// holds one row.
+// e4m3's key slot order moves whole 128-bit lanes (eight dimensions): slot
+// vector v's lane l is lane 2 (l % 2) + v of the chunk's vector l / 2, so two
+// lane shuffles per chunk put a query row in that order.
+constexpr int kLanesPerVector = 4;  // 128-bit lanes of a zmm
+constexpr bool key_slots_are_lane_moves() {
+  for (int s = 0; s < kDecodeChunk; ++s) {
+    const int v = s / kBf16PerVector;
+    const int l = s % kBf16PerVector / kBf16PerLane;
+    const int source_lane = l / 2 * kLanesPerVector + l % 2 * 2 + v;  // of the chunk's eight
+    if (e4m3_key_slot_dim(s) != source_lane * kBf16PerLane + s % kBf16PerLane) return false;
+  }
+  return true;
+}
+static_assert(key_slots_are_lane_moves(), "QueriesToKeySlotOrder's shuffles follow e4m3_key_slot_dim");
+
+// Puts each bf16 query row of q [rows, d_size] into the key slot order of KV.
 template <DType KV>
-void QueriesToKeySlotOrder(std::uint16_t* q, std::uint16_t* tmp, int rows, int d_size) {
-  if constexpr (KV == DType::FP8_E4M3)
-    permute_rows(q, tmp, rows, d_size, kDecodeChunk, e4m3_key_slot_dim, true);
+PAGEDATTN_DECODE_TARGET void QueriesToKeySlotOrder(std::uint16_t* q, int rows, int d_size) {
+  if constexpr (KV == DType::FP8_E4M3) {
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < d_size; c += kDecodeChunk) {
+        std::uint16_t* chunk = q + static_cast<std::size_t>(r) * d_size + c;
+        const __m512i a = _mm512_loadu_si512(chunk);
+        const __m512i b = _mm512_loadu_si512(chunk + kBf16PerVector);
+        _mm512_storeu_si512(chunk, _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+        _mm512_storeu_si512(chunk + kBf16PerVector, _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+      }
+    }
+  } else {
+    static_cast<void>(q), static_cast<void>(rows), static_cast<void>(d_size);
+  }
 }
 
 // Floats per 128-bit lane.
@@ -333,12 +358,48 @@ constexpr int pv_slot_dim(int s) {
   }
 }
 
-// Puts each accumulator row [rows, d_size] from slot order back into head
-// order; tmp holds one row.
+// e4m3's P V slot order is a 4 x 4 transposition of 128-bit lanes: slot
+// vector v's lane l holds head dimensions [16 l + 4 v, +4), so head vector l
+// gathers lane l of the four slot vectors.
+constexpr bool pv_slots_are_lane_transpose() {
+  for (int s = 0; s < kDecodeChunk; ++s) {
+    const int v = s / kFloatsPerVector;
+    const int l = s % kFloatsPerVector / kFloatsPerLane;
+    if (pv_slot_dim<DType::FP8_E4M3>(s) != l * kFloatsPerVector + v * kFloatsPerLane + s % kFloatsPerLane)
+      return false;
+  }
+  return true;
+}
+static_assert(pv_slots_are_lane_transpose(), "AccToHeadOrder's transposition follows pv_slot_dim");
+
+// Puts each accumulator row of acc [rows, d_size] from slot order back into
+// head order.
 template <DType KV>
-void AccToHeadOrder(float* acc, float* tmp, int rows, int d_size) {
-  if constexpr (KV == DType::FP8_E4M3)
-    permute_rows(acc, tmp, rows, d_size, kDecodeChunk, pv_slot_dim<KV>, false);
+PAGEDATTN_DECODE_TARGET void AccToHeadOrder(float* acc, int rows, int d_size) {
+  static_assert(kDecodeChunk == kLanesPerVector * kFloatsPerVector, "a chunk is four float vectors");
+  if constexpr (KV == DType::FP8_E4M3) {
+    constexpr int kLo = _MM_SHUFFLE(1, 0, 1, 0);
+    constexpr int kHi = _MM_SHUFFLE(3, 2, 3, 2);
+    constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0);
+    constexpr int kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < d_size; c += kDecodeChunk) {
+        float* chunk = acc + static_cast<std::size_t>(r) * d_size + c;
+        __m512 x[kLanesPerVector];
+        for (int v = 0; v < kLanesPerVector; ++v) x[v] = _mm512_loadu_ps(chunk + v * kFloatsPerVector);
+        const __m512 t0 = _mm512_shuffle_f32x4(x[0], x[1], kLo);  // lanes 0, 1 of x0, x1
+        const __m512 t1 = _mm512_shuffle_f32x4(x[2], x[3], kLo);
+        const __m512 t2 = _mm512_shuffle_f32x4(x[0], x[1], kHi);  // lanes 2, 3 of x0, x1
+        const __m512 t3 = _mm512_shuffle_f32x4(x[2], x[3], kHi);
+        _mm512_storeu_ps(chunk, _mm512_shuffle_f32x4(t0, t1, kEven));
+        _mm512_storeu_ps(chunk + kFloatsPerVector, _mm512_shuffle_f32x4(t0, t1, kOdd));
+        _mm512_storeu_ps(chunk + 2 * kFloatsPerVector, _mm512_shuffle_f32x4(t2, t3, kEven));
+        _mm512_storeu_ps(chunk + 3 * kFloatsPerVector, _mm512_shuffle_f32x4(t2, t3, kOdd));
+      }
+    }
+  } else {
+    static_cast<void>(acc), static_cast<void>(rows), static_cast<void>(d_size);
+  }
 }
 
 // The V rows a (key 2j) and b (key 2j + 1; zeros without kSecondKey) of one
