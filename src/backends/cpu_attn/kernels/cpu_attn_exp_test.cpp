@@ -41,7 +41,7 @@ double ulps(float got, double exact) {
 
 TEST(CpuAttnExp, WithinOneUlpOverTheSoftmaxRange) {
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU";
-  // Every 97th float from the lower bound to 16 (about 11 million values):
+  // Every 97th float from the lower bound to 16 (about 23 million values):
   // the softmax's arguments are <= 0; alpha's too.
   constexpr std::uint32_t kStride = 97;
   std::vector<float> x;

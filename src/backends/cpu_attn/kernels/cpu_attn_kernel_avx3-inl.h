@@ -554,9 +554,6 @@ HWY_INLINE __mmask16 WholeRows(__mmask16 lanes) {
   return static_cast<__mmask16>((m & kFirstLanes) * kRowLanes);
 }
 
-// exp for the decode softmax (cpu_attn_exp_avx512.h).
-HWY_INLINE __m512 ExpVec(__m512 x) { return exp_avx512(x); }
-
 // The probabilities of one row block as bf16 pairs of keys (2j, 2j + 1): dword
 // DecodeProbIndex(j) + 2r holds row r's pair j (the order vcvtne2ps2bf16 gives
 // two score-step vectors).
@@ -631,13 +628,13 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
     const __m512 m_new = _mm512_max_ps(RowMax(vmax), m_old);
     __m512 vsum = _mm512_setzero_ps();
     for (int i = 0; i < kDecodeSteps; ++i) {
-      sv[i] = ExpVec(_mm512_sub_ps(sv[i], m_new));  // exp(-inf) = 0 for masked keys
+      sv[i] = exp_avx512(_mm512_sub_ps(sv[i], m_new));  // exp(-inf) = 0 for masked keys
       vsum = _mm512_add_ps(vsum, sv[i]);
     }
-    // Exp clamps its argument, which turns a NaN score into P = 0 (and
-    // exp(-inf - -inf) into 0): a NaN alpha makes the row's accumulator and
+    // exp_avx512 gives 0 for a NaN argument, so a NaN score has P = 0 (and
+    // exp(-inf - -inf) is 0): a NaN alpha makes the row's accumulator and
     // sum NaN instead, as the oracle's are.
-    const __m512 alpha = _mm512_mask_mov_ps(ExpVec(_mm512_sub_ps(m_old, m_new)), WholeRows(nan.raw),
+    const __m512 alpha = _mm512_mask_mov_ps(exp_avx512(_mm512_sub_ps(m_old, m_new)), WholeRows(nan.raw),
                                             _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
     const __m512 l_old = RowLanes(_mm_maskz_loadu_ps(real_rows, sc.l + r0));
     const __m512 l_new = _mm512_add_ps(_mm512_mul_ps(l_old, alpha), RowSum(vsum));
