@@ -277,12 +277,16 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void E4M3Bf16Bytes(__m512i x, const E4M3Regs&
   lo = _mm512_permutex2var_epi8(t.lo0, x, t.lo1);
 }
 
+// The 128-bit lanes the decode path's in-lane unpacks and lane shuffles work on.
+constexpr int kLanesPerVector = 4;  // 128-bit lanes of a zmm
+constexpr int kBytesPerLane = 16;
+constexpr int kBf16PerLane = 8;
+constexpr int kFloatsPerLane = 4;
+
 // Head dimensions of one kDecodeChunk chunk of a K row as LoadKeyChunkBf16
 // returns it: slot s (0-31 in out0, 32-63 in out1) holds dimension
 // e4m3_key_slot_dim(s) for e4m3 keys (vpunpck{l,h}bw pair each 128-bit lane's
 // first / last 8 bytes), dimension s for bf16 ones.
-constexpr int kBf16PerLane = 8;  // bf16 elements per 128-bit lane
-constexpr int kBytesPerLane = 16;
 constexpr int e4m3_key_slot_dim(int s) {
   const int vector = s / kBf16PerVector;
   const int lane = s % kBf16PerVector / kBf16PerLane;
@@ -309,7 +313,6 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadKeyChunkBf16(const unsigned char* p,
 // e4m3's key slot order moves whole 128-bit lanes (eight dimensions): slot
 // vector v's lane l is lane 2 (l % 2) + v of the chunk's vector l / 2, so two
 // lane shuffles per chunk put a query row in that order.
-constexpr int kLanesPerVector = 4;  // 128-bit lanes of a zmm
 constexpr bool key_slots_are_lane_moves() {
   for (int s = 0; s < kDecodeChunk; ++s) {
     const int v = s / kBf16PerVector;
@@ -338,9 +341,6 @@ PAGEDATTN_DECODE_TARGET void QueriesToKeySlotOrder(std::uint16_t* q, int rows, i
     static_cast<void>(q), static_cast<void>(rows), static_cast<void>(d_size);
   }
 }
-
-// Floats per 128-bit lane.
-constexpr int kFloatsPerLane = 4;
 
 // Head dimension of slot s of a kDecodeChunk chunk of a P V accumulator row.
 // bf16: dimension s (vpermt2w pairs the keys in place; the in-lane
