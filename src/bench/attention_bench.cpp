@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <memory>
 #include <random>
 
 namespace pagedattn::bench {
@@ -150,44 +151,51 @@ std::optional<std::string> check_rows(const Workload& w, const Tensor& out, cons
   return compare_with_oracle(expected, to_float_vector(got), {}, c.dtype);
 }
 
-}  // namespace
 
-BenchResult run_attention_bench(const BenchConfig& c) {
-  check_arg(c.repeats >= 1, kWhere, "repeats", ">= 1", c.repeats);
-  check_arg(c.warmup >= 0, kWhere, "warmup", ">= 0", c.warmup);
-  check_arg(c.check_rows >= 1, kWhere, "check_rows", ">= 1", c.check_rows);
-  const AttentionBackend& backend = find_backend(c.backend);
-  const Workload w = make_workload(c, backend);
+// One configuration's workload, checked, with its plan and impl, and the
+// times of its repeats so far.
+struct Timed {
+  const BenchConfig* config = nullptr;
+  Workload w;
+  std::unique_ptr<AttentionMetadataBuilder> builder;
+  std::unique_ptr<AttentionImpl> impl;
+  std::shared_ptr<const BackendMetadata> md;
+  Tensor out;
   BenchResult res;
-  res.spec = format_batch_spec(w.requests);
-  res.num_reqs = w.common.num_reqs;
-  res.num_tokens = w.common.num_actual_tokens;
-
-  auto builder = backend.make_builder(w.builder);
-  auto impl = backend.make_impl(w.params);
-  std::shared_ptr<const BackendMetadata> md = builder->build(w.common);
-  Tensor out = Tensor::zeros({w.query.size(0), c.num_heads, c.head_size}, c.dtype);
-  impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {});
-  if (auto failure = check_rows(w, out, c, res.checked_rows)) {
-    res.check_message = *failure;
-    return res;
-  }
-  res.check_passed = true;
-
-  for (int i = 0; i < c.warmup; ++i) impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {});
   std::vector<double> times;
   std::vector<double> plan_times;
-  for (int i = 0; i < c.repeats; ++i) {
-    times.push_back(time_ms([&] { impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {}); }));
-    plan_times.push_back(time_ms([&] { md = builder->build(w.common); }));
-  }
-  res.median_ms = median_of(times);
-  res.min_ms = *std::min_element(times.begin(), times.end());
-  res.plan_median_ms = median_of(plan_times);
 
+  void forward() { impl->forward(w.layer, w.query, {}, {}, w.kv, *md, out, {}); }
+};
+
+void prepare(Timed& t, const BenchConfig& c) {
+  const AttentionBackend& backend = find_backend(c.backend);
+  t.config = &c;
+  t.w = make_workload(c, backend);
+  t.res.spec = format_batch_spec(t.w.requests);
+  t.res.num_reqs = t.w.common.num_reqs;
+  t.res.num_tokens = t.w.common.num_actual_tokens;
+  t.builder = backend.make_builder(t.w.builder);
+  t.impl = backend.make_impl(t.w.params);
+  t.md = t.builder->build(t.w.common);
+  t.out = Tensor::zeros({t.w.query.size(0), c.num_heads, c.head_size}, c.dtype);
+  t.forward();
+  if (auto failure = check_rows(t.w, t.out, c, t.res.checked_rows)) {
+    t.res.check_message = *failure;
+    return;
+  }
+  t.res.check_passed = true;
+}
+
+void fill_figures(Timed& t) {
+  const BenchConfig& c = *t.config;
+  BenchResult& res = t.res;
+  res.median_ms = median_of(t.times);
+  res.min_ms = *std::min_element(t.times.begin(), t.times.end());
+  res.plan_median_ms = median_of(t.plan_times);
   double pairs = 0.0;
   double kv_tokens = 0.0;
-  for (const BatchRequest& r : w.requests) {
+  for (const BatchRequest& r : t.w.requests) {
     const double q = r.query_len;
     pairs += q * (r.seq_len - r.query_len) + q * (q + 1) / 2;  // causal: token i sees context + i + 1 keys
     kv_tokens += r.seq_len;
@@ -199,7 +207,42 @@ BenchResult run_attention_bench(const BenchConfig& c) {
               2.0 * res.num_tokens * hd * static_cast<double>(dtype_size(c.dtype));
   res.tflop_per_s = res.flops / (res.median_ms * 1e-3) / 1e12;
   res.gb_per_s = res.bytes / (res.median_ms * 1e-3) / 1e9;
-  return res;
+}
+
+}  // namespace
+
+BenchResult run_attention_bench(const BenchConfig& config) { return run_attention_benches({config}).front(); }
+
+std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& configs) {
+  check_arg(!configs.empty(), kWhere, "configs", "at least one", 0);
+  for (const BenchConfig& c : configs) {
+    check_arg(c.repeats >= 1, kWhere, "repeats", ">= 1", c.repeats);
+    check_arg(c.warmup >= 0, kWhere, "warmup", ">= 0", c.warmup);
+    check_arg(c.check_rows >= 1, kWhere, "check_rows", ">= 1", c.check_rows);
+    check_arg(c.repeats == configs.front().repeats, kWhere, "repeats", "the same for every config", c.repeats);
+    check_arg(c.warmup == configs.front().warmup, kWhere, "warmup", "the same for every config", c.warmup);
+  }
+  std::vector<Timed> runs(configs.size());
+  for (std::size_t i = 0; i < configs.size(); ++i) prepare(runs[i], configs[i]);
+  const BenchConfig& first = configs.front();
+  for (int i = 0; i < first.warmup; ++i) {
+    for (Timed& t : runs) {
+      if (t.res.check_passed) t.forward();
+    }
+  }
+  for (int i = 0; i < first.repeats; ++i) {
+    for (Timed& t : runs) {
+      if (!t.res.check_passed) continue;
+      t.times.push_back(time_ms([&] { t.forward(); }));
+      t.plan_times.push_back(time_ms([&] { t.md = t.builder->build(t.w.common); }));
+    }
+  }
+  std::vector<BenchResult> results;
+  for (Timed& t : runs) {
+    if (t.res.check_passed) fill_figures(t);
+    results.push_back(std::move(t.res));
+  }
+  return results;
 }
 
 }  // namespace pagedattn::bench

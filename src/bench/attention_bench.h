@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace pagedattn::bench {
 
@@ -45,5 +46,12 @@ struct BenchResult {
 
 // Causal decoder attention, K/V already in the cache. Throws for a bad config.
 BenchResult run_attention_bench(const BenchConfig& config);
+
+// Several configurations (e.g. one workload with bf16 and fp8 KV), each
+// checked first, then timed with their repeats interleaved (0, 1, ..., 0, 1,
+// ...) so a slow phase of a shared machine falls on each alike and their
+// ratio holds where separate runs stray (docs/perf.md). Every config takes
+// the same warmup and repeats. Results in the order of `configs`.
+std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& configs);
 
 }  // namespace pagedattn::bench

@@ -41,6 +41,27 @@ TEST(AttentionBenchTest, Fp8KvIsCheckedToo) {
   EXPECT_TRUE(r.check_passed) << r.check_message;
 }
 
+TEST(AttentionBenchTest, TimesSeveralConfigsSideBySide) {
+  BenchConfig fp8 = small_config("2q1s300");
+  fp8.kv_cache_dtype = CacheDType::Fp8E4M3;
+  const std::vector<BenchResult> r = run_attention_benches({small_config("2q1s300"), fp8});
+  ASSERT_EQ(r.size(), 2u);
+  for (const BenchResult& one : r) {
+    ASSERT_TRUE(one.check_passed) << one.check_message;
+    EXPECT_GT(one.median_ms, 0.0);
+  }
+  // The same keys, half the KV bytes.
+  EXPECT_DOUBLE_EQ(r[0].flops, r[1].flops);
+  EXPECT_DOUBLE_EQ(r[0].bytes - 2.0 * 2 * 4 * 64 * 2, 2.0 * (r[1].bytes - 2.0 * 2 * 4 * 64 * 2));
+}
+
+TEST(AttentionBenchTest, SideBySideConfigsShareTheirRepeats) {
+  BenchConfig more = small_config("q1s200");
+  more.repeats = 4;
+  EXPECT_THROW(run_attention_benches({small_config("q1s200"), more}), Error);
+  EXPECT_THROW(run_attention_benches({}), Error);
+}
+
 TEST(AttentionBenchTest, RejectsAnUnknownBackend) {
   BenchConfig c = small_config("q8");
   c.backend = "NO_SUCH_BACKEND";

@@ -1,5 +1,6 @@
 // `pagedattn bench`: batch-spec workloads timed on one backend, each checked
 // against REFERENCE first, with the machine's roofline measured in the same run.
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <pagedattn/backend.h>
 #include <pagedattn/error.h>
@@ -19,7 +20,8 @@ struct BenchOptions {
   bench::BenchConfig config;
   std::vector<std::string> specs;
   std::string dtype = "bf16";
-  std::string kv_cache_dtype = "auto";
+  // One KV-cache dtype, or several timed side by side (interleaved repeats).
+  std::vector<std::string> kv_cache_dtypes{"auto"};
   std::string layout = "NHD";
   bool json = false;
   int roofline_threads = 0;  // 0: PAGEDATTN_NUM_THREADS or the hardware's
@@ -32,8 +34,9 @@ int default_threads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-nlohmann::json to_json(const bench::BenchResult& r, const bench::Roofline& roof) {
+nlohmann::json to_json(const bench::BenchResult& r, const std::string& kv_cache_dtype, const bench::Roofline& roof) {
   nlohmann::json j = {{"spec", r.spec},
+                      {"kv_cache_dtype", kv_cache_dtype},
                       {"num_reqs", r.num_reqs},
                       {"num_tokens", r.num_tokens},
                       {"check_passed", r.check_passed},
@@ -57,13 +60,17 @@ nlohmann::json to_json(const bench::BenchResult& r, const bench::Roofline& roof)
 int run_bench(BenchOptions& o) {
   const auto dtype = parse_dtype(o.dtype);
   if (!dtype) throw_invalid("bench", "--dtype", "f32, f16 or bf16", o.dtype);
-  const auto kv = parse_cache_dtype(o.kv_cache_dtype);
-  if (!kv) throw_invalid("bench", "--kv-cache-dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", o.kv_cache_dtype);
+  std::vector<CacheDType> kvs;
+  for (const std::string& name : o.kv_cache_dtypes) {
+    const auto kv = parse_cache_dtype(name);
+    if (!kv) throw_invalid("bench", "--kv-cache-dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", name);
+    kvs.push_back(*kv);
+  }
+  const bool side_by_side = kvs.size() > 1;
   const auto layout = parse_kv_cache_layout(o.layout);
   if (!layout) throw_invalid("bench", "--kv-layout", "NHD or HND", o.layout);
   o.config.layout = *layout;
   o.config.dtype = *dtype;
-  o.config.kv_cache_dtype = *kv;
   const bench::Roofline roof = bench::measure_roofline(o.roofline_threads > 0 ? o.roofline_threads : default_threads());
   nlohmann::json runs = nlohmann::json::array();
   bool all_passed = true;
@@ -72,23 +79,38 @@ int run_bench(BenchOptions& o) {
                roof.fma_gflop_per_s);
     fmt::print("backend {}  H={}/{} D={} block={} dtype={} kv={} layout={}  warmup {} repeats {}\n",
                o.config.backend, o.config.num_heads, o.config.num_kv_heads, o.config.head_size, o.config.block_size,
-               o.dtype, o.kv_cache_dtype, o.layout, o.config.warmup, o.config.repeats);
+               o.dtype, fmt::join(o.kv_cache_dtypes, ","), o.layout, o.config.warmup, o.config.repeats);
     fmt::print("{:<20} {:>10} {:>10} {:>9} {:>8} {:>9} {:>8} {:>9}\n", "spec", "median ms", "plan ms", "GB/s", "of BW",
                "GFLOP/s", "of FMA", "check");
   }
   for (const std::string& spec : o.specs) {
-    o.config.spec = spec;
-    const bench::BenchResult r = bench::run_attention_bench(o.config);
-    all_passed = all_passed && r.check_passed;
-    runs.push_back(to_json(r, roof));
-    if (o.json) continue;
-    if (!r.check_passed) {
-      fmt::print("{:<20} CHECK FAILED (no figures): {}\n", r.spec, r.check_message);
-      continue;
+    std::vector<bench::BenchConfig> configs(kvs.size(), o.config);
+    for (std::size_t i = 0; i < kvs.size(); ++i) {
+      configs[i].spec = spec;
+      configs[i].kv_cache_dtype = kvs[i];
     }
-    fmt::print("{:<20} {:>10.3f} {:>10.4f} {:>9.1f} {:>7.0f}% {:>9.1f} {:>7.0f}% {:>6} ok\n", r.spec, r.median_ms,
-               r.plan_median_ms, r.gb_per_s, 100.0 * r.gb_per_s / roof.read_gb_per_s, r.tflop_per_s * 1e3,
-               100.0 * r.tflop_per_s * 1e3 / roof.fma_gflop_per_s, r.checked_rows);
+    const std::vector<bench::BenchResult> results = bench::run_attention_benches(configs);
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const bench::BenchResult& r = results[i];
+      all_passed = all_passed && r.check_passed;
+      runs.push_back(to_json(r, o.kv_cache_dtypes[i], roof));
+      if (o.json) continue;
+      // Side by side, each row names its KV dtype.
+      const std::string label = side_by_side ? fmt::format("{} ({})", r.spec, o.kv_cache_dtypes[i]) : r.spec;
+      if (!r.check_passed) {
+        fmt::print("{:<20} CHECK FAILED (no figures): {}\n", label, r.check_message);
+        continue;
+      }
+      fmt::print("{:<20} {:>10.3f} {:>10.4f} {:>9.1f} {:>7.0f}% {:>9.1f} {:>7.0f}% {:>6} ok\n", label, r.median_ms,
+                 r.plan_median_ms, r.gb_per_s, 100.0 * r.gb_per_s / roof.read_gb_per_s, r.tflop_per_s * 1e3,
+                 100.0 * r.tflop_per_s * 1e3 / roof.fma_gflop_per_s, r.checked_rows);
+    }
+    if (o.json || !side_by_side || !results.front().check_passed) continue;
+    for (std::size_t i = 1; i < results.size(); ++i) {
+      if (!results[i].check_passed) continue;
+      fmt::print("{:<20} {} / {} time: {:.3f} (medians of interleaved repeats)\n", "", o.kv_cache_dtypes[i],
+                 o.kv_cache_dtypes.front(), results[i].median_ms / results.front().median_ms);
+    }
   }
   if (o.json) {
     const nlohmann::json report = {
@@ -98,7 +120,7 @@ int run_bench(BenchOptions& o) {
         {"head_size", o.config.head_size},
         {"block_size", o.config.block_size},
         {"dtype", o.dtype},
-        {"kv_cache_dtype", o.kv_cache_dtype},
+        {"kv_cache_dtypes", o.kv_cache_dtypes},
         {"kv_layout", o.layout},
         {"roofline", {{"threads", roof.threads}, {"read_gb_per_s", roof.read_gb_per_s}, {"fma_gflop_per_s", roof.fma_gflop_per_s}}},
         {"runs", runs}};
@@ -119,7 +141,10 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--head-size", o->config.head_size, "Head size")->capture_default_str();
   cmd->add_option("--block-size", o->config.block_size, "KV-cache block size")->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "Model dtype: f32, f16, bf16")->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2")
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtypes,
+                  "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2; several (auto,fp8) are timed side by side, "
+                  "their repeats interleaved, with the time ratio to the first")
+      ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--kv-layout", o->layout, "Physical KV layout: NHD or HND")->capture_default_str();
   cmd->add_option("--warmup", o->config.warmup, "Untimed runs first")->capture_default_str();
