@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 #include <memory>
+#include <numeric>
 #include <random>
 
 namespace pagedattn::bench {
@@ -150,7 +150,6 @@ std::optional<std::string> check_rows(const Workload& w, const Tensor& out, cons
   checked = rows;
   return compare_with_oracle(expected, to_float_vector(got), {}, c.dtype);
 }
-
 
 // One configuration's workload, checked, with its plan and impl, and the
 // times of its repeats so far.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 namespace pagedattn::cli {
@@ -90,10 +91,16 @@ int run_bench(BenchOptions& o) {
       configs[i].kv_cache_dtype = kvs[i];
     }
     const std::vector<bench::BenchResult> results = bench::run_attention_benches(configs);
+    // Side by side: each time over the first config's (both checked), from the same interleaved repeats.
+    const auto ratio_to_first = [&](std::size_t i) -> std::optional<double> {
+      if (!side_by_side || i == 0 || !results[i].check_passed || !results.front().check_passed) return std::nullopt;
+      return results[i].median_ms / results.front().median_ms;
+    };
     for (std::size_t i = 0; i < results.size(); ++i) {
       const bench::BenchResult& r = results[i];
       all_passed = all_passed && r.check_passed;
       runs.push_back(to_json(r, o.kv_cache_dtypes[i], roof));
+      if (const auto ratio = ratio_to_first(i)) runs.back()["time_ratio_to_first"] = *ratio;
       if (o.json) continue;
       // Side by side, each row names its KV dtype.
       const std::string label = side_by_side ? fmt::format("{} ({})", r.spec, o.kv_cache_dtypes[i]) : r.spec;
@@ -105,11 +112,12 @@ int run_bench(BenchOptions& o) {
                  r.plan_median_ms, r.gb_per_s, 100.0 * r.gb_per_s / roof.read_gb_per_s, r.tflop_per_s * 1e3,
                  100.0 * r.tflop_per_s * 1e3 / roof.fma_gflop_per_s, r.checked_rows);
     }
-    if (o.json || !side_by_side || !results.front().check_passed) continue;
+    if (o.json) continue;
     for (std::size_t i = 1; i < results.size(); ++i) {
-      if (!results[i].check_passed) continue;
-      fmt::print("{:<20} {} / {} time: {:.3f} (medians of interleaved repeats)\n", "", o.kv_cache_dtypes[i],
-                 o.kv_cache_dtypes.front(), results[i].median_ms / results.front().median_ms);
+      if (const auto ratio = ratio_to_first(i)) {
+        fmt::print("{:<20} {} / {} time: {:.3f} (medians of interleaved repeats)\n", "", o.kv_cache_dtypes[i],
+                   o.kv_cache_dtypes.front(), *ratio);
+      }
     }
   }
   if (o.json) {
