@@ -213,7 +213,7 @@ void fill_figures(Timed& t) {
 BenchResult run_attention_bench(const BenchConfig& config) { return run_attention_benches({config}).front(); }
 
 std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& configs) {
-  check_arg(!configs.empty(), kWhere, "configs", "at least one", 0);
+  check_arg(!configs.empty(), kWhere, "configs", "at least one", configs.size());
   for (const BenchConfig& c : configs) {
     check_arg(c.repeats >= 1, kWhere, "repeats", ">= 1", c.repeats);
     check_arg(c.warmup >= 0, kWhere, "warmup", ">= 0", c.warmup);

@@ -690,27 +690,29 @@ void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int 
 #endif
 
 // Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
-// out[e] = acc[e] * factor (zeros when acc is null) for e < n, stored as kOut.
-// The dtype as a constant lets the compiler vectorize the conversion, which a
-// per-element dtype switch kept scalar (~10% of a 256-key decode item).
-template <DType kOut>
-void store_output_row(unsigned char* out, const float* acc, float factor, int n) {
-  constexpr auto kStep = static_cast<std::int64_t>(dtype_size(kOut));
-  for (int e = 0; e < n; ++e) store_from_float(out + e * kStep, kOut, acc == nullptr ? 0.0f : acc[e] * factor);
+// out[e] = acc[e] * factor (zeros when acc is null) for e < n, stored as
+// `out_dtype`: a DType, or a std::integral_constant of one. A constant dtype
+// lets the compiler vectorize the conversion, which a per-element dtype switch
+// kept scalar (~10% of a 256-key decode item, docs/perf.md attempt 55).
+template <class OutDType>
+void store_row_as(OutDType out_dtype, unsigned char* out, const float* acc, float factor, int n) {
+  const auto step = static_cast<std::int64_t>(dtype_size(out_dtype));
+  for (int e = 0; e < n; ++e) store_from_float(out + e * step, out_dtype, acc == nullptr ? 0.0f : acc[e] * factor);
 }
+
+template <DType kOut>
+using OutDTypeConstant = std::integral_constant<DType, kOut>;
 
 void store_output_row(DType out_dtype, unsigned char* out, const float* acc, float factor, int n) {
   switch (out_dtype) {
     case DType::F32:
-      return store_output_row<DType::F32>(out, acc, factor, n);
+      return store_row_as(OutDTypeConstant<DType::F32>{}, out, acc, factor, n);
     case DType::F16:
-      return store_output_row<DType::F16>(out, acc, factor, n);
+      return store_row_as(OutDTypeConstant<DType::F16>{}, out, acc, factor, n);
     case DType::BF16:
-      return store_output_row<DType::BF16>(out, acc, factor, n);
+      return store_row_as(OutDTypeConstant<DType::BF16>{}, out, acc, factor, n);
     default:
-      for (int e = 0; e < n; ++e)
-        store_from_float(out + e * static_cast<std::int64_t>(dtype_size(out_dtype)), out_dtype,
-                         acc == nullptr ? 0.0f : acc[e] * factor);
+      return store_row_as(out_dtype, out, acc, factor, n);
   }
 }
 
