@@ -689,7 +689,6 @@ void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int 
 }
 #endif
 
-// Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
 // out[e] = acc[e] * factor (zeros when acc is null) for e < n, stored as
 // `out_dtype`: a DType, or a std::integral_constant of one. A constant dtype
 // lets the compiler vectorize the conversion, which a per-element dtype switch
@@ -716,6 +715,7 @@ void store_output_row(DType out_dtype, unsigned char* out, const float* acc, flo
   }
 }
 
+// Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
 void finish_row(const AttentionParams& p, int token, int head, float m, float l, const float* acc, float v_scale) {
   const int d_size = p.head_size;
   const DType out_dtype = p.query.dtype;
