@@ -3,6 +3,7 @@
 // kernel-plan predicate, and factories for the impl and metadata builder.
 #pragma once
 
+#include <pagedattn/kv_packing.h>
 #include <pagedattn/metadata.h>
 #include <pagedattn/tensor.h>
 
@@ -78,9 +79,12 @@ struct LayerQuantState {
 
 // The two halves of a layer's KV cache, each logically [num_blocks, block_size,
 // num_kv_heads, head_size] with whatever strides the layout gives (NHD or HND).
+// K may be packed (kv_packing.h): its rows are then located by the strides
+// but hold their elements in the packed order.
 struct KVCacheView {
   TensorView key;    // [NB, BS, Hkv, D]
   TensorView value;  // [NB, BS, Hkv, D]
+  KeyPacking key_packing = KeyPacking::None;
   bool defined() const { return key.defined(); }
   std::int64_t num_blocks() const { return key.size(0); }
   int block_size() const { return static_cast<int>(key.size(1)); }
@@ -239,8 +243,12 @@ class AttentionBackend {
   // Permutation from the logical shape to the physical layout; default
   // NHD = identity, HND = (0, 1, 3, 2, 4) -> physical [2, NB, Hkv, BS, D].
   virtual std::vector<int> kv_cache_stride_order(KVCacheLayout layout) const;
-  // Splits a cache of kv_cache_shape() into its K and V halves.
+  // Splits a cache of kv_cache_shape() into its K and V halves, with K in
+  // the order key_packing gives for it.
   virtual KVCacheView unbind_kv_cache(const TensorView& kv_cache) const;
+  // The order this backend keeps a cache's K half [NB, BS, Hkv, D] in; a
+  // backend that packs K must also read packed K wherever it reads the cache.
+  virtual KeyPacking key_packing(const TensorView& /*key_cache*/) const { return KeyPacking::None; }
 
   // ---- the one predicate: supported? which kernel? how much workspace? ----
   virtual KernelPlan plan_kernel(const AttentionProblem& problem) const = 0;
@@ -264,6 +272,12 @@ class AttentionBackend {
 AttentionProblem make_attention_problem(const AttentionImplParams& params, int block_size,
                                         const CommonAttentionMetadata* common, bool wants_lse,
                                         bool per_head_kv_scales);
+
+// Throws InvalidArgument unless a cache K half [NB, BS, Hkv, D] can hold
+// `packing`: Keys16 needs rows head_size elements apart, a block size that is a
+// multiple of kPackedKeyGroup and a head size that is a multiple of kPackedDimGroup.
+void check_key_packing(std::string_view where, const TensorView& key_cache, KeyPacking packing);
+std::string_view key_packing_name(KeyPacking packing);
 
 // Throws Unsupported listing the plan's reasons when it is not supported.
 void require_supported(const KernelPlan& plan, std::string_view backend_name);

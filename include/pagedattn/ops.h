@@ -18,10 +18,12 @@ namespace pagedattn {
 //   slot_mapping  [N] i64, N <= T      slot = block * BS + offset; < 0 skips the token
 //   k_scale       [1] or [Hkv] f32     used when kv_cache_dtype is fp8; stored = sat(x / scale)
 //   v_scale       same shape as k_scale
+//   key_packing   the order of K within key_cache (kv_packing.h; KVCacheView::key_packing)
 // For CacheDType::Auto (and float16/bfloat16) the cache dtype must equal the key dtype.
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping, CacheDType kv_cache_dtype,
-                       const TensorView& k_scale, const TensorView& v_scale);
+                       const TensorView& k_scale, const TensorView& v_scale,
+                       KeyPacking key_packing = KeyPacking::None);
 
 // Merges two partial attention results by their log-sum-exp (vLLM's
 // merge_attn_states): +inf LSE is treated as -inf; when both are -inf the
@@ -69,7 +71,9 @@ struct OpsImpl {
   virtual ~OpsImpl() = default;
   virtual void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                                  const TensorView& value_cache, const TensorView& slot_mapping,
-                                 const TensorView& k_scale, const TensorView& v_scale) = 0;
+                                 const TensorView& k_scale, const TensorView& v_scale, KeyPacking key_packing) = 0;
+  // Whether reshape_and_cache writes K in `packing` (the front-end rejects the rest).
+  virtual bool writes_key_packing(KeyPacking packing) const { return packing == KeyPacking::None; }
   virtual void merge_attn_states(const TensorView& output, const TensorView& prefix_output,
                                  const TensorView& prefix_lse, const TensorView& suffix_output,
                                  const TensorView& suffix_lse, const TensorView& output_lse) = 0;

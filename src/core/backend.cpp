@@ -120,7 +120,25 @@ std::vector<int> AttentionBackend::kv_cache_stride_order(KVCacheLayout layout) c
 KVCacheView AttentionBackend::unbind_kv_cache(const TensorView& kv_cache) const {
   check_rank(kv_cache, "unbind_kv_cache", "kv_cache", kKvCacheRank);
   check_size(kv_cache, 0, "unbind_kv_cache", "kv_cache", kNumKvHalves);
-  return KVCacheView{kv_cache.select(0, 0), kv_cache.select(0, 1)};
+  KVCacheView view{kv_cache.select(0, 0), kv_cache.select(0, 1)};
+  view.key_packing = key_packing(view.key);
+  return view;
+}
+
+std::string_view key_packing_name(KeyPacking packing) { return packing == KeyPacking::None ? "none" : "keys16"; }
+
+void check_key_packing(std::string_view where, const TensorView& key_cache, KeyPacking packing) {
+  if (packing == KeyPacking::None) return;
+  check_rank(key_cache, where, "kv_cache.key", kKvCacheRank - 1);
+  const std::int64_t head_size = key_cache.size(3);
+  const std::string what = fmt::format("a {}-packed K", key_packing_name(packing));
+  check_arg(key_cache.stride(3) == 1 && key_cache.stride(1) == head_size, where, "kv_cache.key slot stride",
+            fmt::format("{} (rows {} elements apart for {})", head_size, head_size, what),
+            fmt::format("{} (last-dim stride {})", key_cache.stride(1), key_cache.stride(3)));
+  check_arg(key_cache.size(1) % kPackedKeyGroup == 0, where, "kv_cache block size",
+            fmt::format("a multiple of {} for {}", kPackedKeyGroup, what), key_cache.size(1));
+  check_arg(head_size % kPackedDimGroup == 0, where, "kv_cache head size",
+            fmt::format("a multiple of {} for {}", kPackedDimGroup, what), head_size);
 }
 
 bool AttentionBackend::supports_head_size(int head_size) const {

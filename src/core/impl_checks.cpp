@@ -106,6 +106,7 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
                      p.head_size);
     check_arg(kv_cache.value.shape() == kv_cache.key.shape(), where, "kv_cache.value shape",
               kv_cache.key.shape().str(), kv_cache.value.shape().str());
+    check_key_packing(where, kv_cache.key, kv_cache.key_packing);
     shape.num_blocks = kv_cache.num_blocks();
     if (common.block_size > 0) {
       check_arg(kv_cache.block_size() == common.block_size, where, "kv_cache block size",

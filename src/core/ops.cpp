@@ -94,7 +94,8 @@ void check_scale_values(const TensorView& scale, std::string_view where, std::st
 
 void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                        const TensorView& value_cache, const TensorView& slot_mapping,
-                       CacheDType kv_cache_dtype, const TensorView& k_scale, const TensorView& v_scale) {
+                       CacheDType kv_cache_dtype, const TensorView& k_scale, const TensorView& v_scale,
+                       KeyPacking key_packing) {
   constexpr std::string_view where = "reshape_and_cache";
   check_rank(key, where, "key", 3);
   check_rank(value, where, "value", 3);
@@ -147,6 +148,11 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
     check_scale_values(v_scale, where, "v_scale");
   }
 
+  check_key_packing(where, key_cache, key_packing);
+  check_arg(ops_impl(device.type).writes_key_packing(key_packing), where, "key_packing",
+            fmt::format("none (the {} cache op writes row-major K)", device_type_name(device.type)),
+            key_packing_name(key_packing));
+
   const std::int64_t num_blocks = key_cache.size(0);
   const std::int64_t block_size = key_cache.size(1);
   const std::int64_t num_slots = num_blocks * block_size;
@@ -160,7 +166,8 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
     }
   }
 
-  ops_impl(device.type).reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale);
+  ops_impl(device.type).reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, k_scale, v_scale,
+                                          key_packing);
 }
 
 void merge_attn_states(const TensorView& output, const TensorView& prefix_output,

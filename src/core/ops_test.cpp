@@ -984,7 +984,7 @@ TEST(OpsIndexSelectErrors, EveryErrorNamesItsArgument) {
 // Records calls instead of computing.
 struct RecordingOps final : OpsImpl {
   void reshape_and_cache(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                         const TensorView&, const TensorView&, const TensorView&) override {
+                         const TensorView&, const TensorView&, const TensorView&, KeyPacking) override {
     ++reshape_calls;
   }
   void merge_attn_states(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

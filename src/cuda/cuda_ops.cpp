@@ -35,7 +35,7 @@ class CudaOps final : public OpsImpl {
  public:
   void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                          const TensorView& value_cache, const TensorView& slot_mapping, const TensorView& k_scale,
-                         const TensorView& v_scale) override {
+                         const TensorView& v_scale, KeyPacking /*key_packing: None, writes_key_packing*/) override {
     DeviceGuard guard(key.device().index);
     k::ReshapeAndCacheParams p;
     p.key = key.data();

@@ -115,6 +115,8 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
     p.kv_dtype = params_.dtype;
   } else {
     p.key_source = cpu_attn::KeySource::PagedCache;
+    check_arg(kv_cache.key_packing == KeyPacking::None, kWhere, "kv_cache.key_packing",
+              "none (CPU_ATTN reads row-major K)", key_packing_name(kv_cache.key_packing));
     p.block_table = common.block_table_cpu.data_as<const std::int32_t>();
     p.block_table_row_stride = common.block_table_cpu.stride(0);
     p.block_size = common.block_size;
@@ -165,7 +167,7 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
 void CpuAttnImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
                                      const KVCacheView& kv_cache, const TensorView& slot_mapping) {
   reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, params_.kv_cache_dtype, layer.k_scale,
-                    layer.v_scale);
+                    layer.v_scale, kv_cache.key_packing);
 }
 
 }  // namespace pagedattn

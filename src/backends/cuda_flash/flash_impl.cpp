@@ -158,6 +158,8 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   std::int64_t num_blocks = 0;
   int block_size = common.block_size;
   if (paged) {
+    check_arg(kv_cache.key_packing == KeyPacking::None, kForwardWhere, "kv_cache.key_packing",
+              "none (CUDA_FLASH reads row-major K)", key_packing_name(kv_cache.key_packing));
     check_arg(kv_cache.defined(), kForwardWhere, "kv_cache", "a bound KV cache", "undefined");
     check_cache_half(kv_cache.key, kForwardWhere, "kv_cache.key", device, storage, p.num_kv_heads, p.head_size);
     check_cache_half(kv_cache.value, kForwardWhere, "kv_cache.value", device, storage, p.num_kv_heads, p.head_size);
@@ -298,6 +300,8 @@ void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorVie
   const Device device = p.device;
   const DType storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
   check_arg(kv_cache.defined(), kUpdateWhere, "kv_cache", "a bound KV cache", "undefined");
+  check_arg(kv_cache.key_packing == KeyPacking::None, kUpdateWhere, "kv_cache.key_packing",
+            "none (CUDA_FLASH writes row-major K)", key_packing_name(kv_cache.key_packing));
   for (const auto& [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"}}) {
     check_rank(*t, kUpdateWhere, name, 3);
     check_dtype(*t, kUpdateWhere, name, p.dtype);
@@ -319,7 +323,7 @@ void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorVie
     check_kv_scale(layer.v_scale, kUpdateWhere, "v_scale", device, p.num_kv_heads);
   }
   ops_impl(DeviceType::CUDA).reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping,
-                                               layer.k_scale, layer.v_scale);
+                                               layer.k_scale, layer.v_scale, KeyPacking::None);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ class ReferenceImpl final : public AttentionImpl {
                           const KVCacheView& kv_cache, const TensorView& slot_mapping) override {
     check_arg(kv_cache.defined(), kUpdateWhere, "kv_cache", "a bound KV cache", "undefined");
     reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, params_.kv_cache_dtype,
-                      layer.k_scale, layer.v_scale);
+                      layer.k_scale, layer.v_scale, kv_cache.key_packing);
   }
 
   std::string_view class_name() const override { return "ReferenceAttentionImpl"; }
@@ -102,6 +102,7 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   if (shape.paged) {
     k.key_source = reference::KeySource::PagedCache;
     k.key_cache = cache_operand(kv_cache.key);
+    k.key_cache.packing = kv_cache.key_packing;
     k.value_cache = cache_operand(kv_cache.value);
     k.cache_dtype = shape.cache_storage;
     k.num_blocks = shape.num_blocks;

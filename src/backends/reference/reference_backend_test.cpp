@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 namespace pagedattn {
 namespace {
@@ -284,6 +285,73 @@ TEST(ReferenceBackendTest, BuilderValidatesMetadata) {
         (void)kBackend.make_builder({0, 1, 4, Device::cpu(), {}});
       },
       ErrorKind::InvalidArgument, "block_size");
+}
+
+// REFERENCE reads a packed K (kv_packing.h) as the same keys: the same tokens
+// written through a row-major and a packed view give the same bits out.
+TEST(ReferenceBackendTest, PackedKeyCacheReadsAsTheSameKeys) {
+  constexpr int kBlockSize = 16, kNumBlocks = 5, kKvHeads = 2, kHeadSize = 8;
+  AttentionImplParams params;
+  params.num_heads = 4;
+  params.num_kv_heads = kKvHeads;
+  params.head_size = kHeadSize;
+  params.scale = 0.35f;
+  params.dtype = DType::BF16;
+  params.kv_cache_dtype = CacheDType::Fp8E4M3;
+  const auto impl = kBackend.make_impl(params);
+  const std::vector<RequestSpec> requests{{2, 21, {3, 1}}, {1, 30, {0, 4}}};
+  MetadataOptions options;
+  options.block_size = kBlockSize;
+  const auto md = kBackend.make_builder({kBlockSize, kKvHeads, kHeadSize, Device::cpu(), {"l"}})
+                      ->build(make_common_metadata(requests, options));
+  std::vector<std::int64_t> slots;
+  for (const RequestSpec& r : requests) {
+    for (int j = 0; j < r.seq_len; ++j) slots.push_back(r.blocks[static_cast<std::size_t>(j / kBlockSize)] * kBlockSize + j % kBlockSize);
+  }
+  const auto positions = static_cast<std::int64_t>(slots.size());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist;
+  const auto random = [&](Dims shape) {
+    std::vector<float> v(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]));
+    for (float& x : v) x = dist(rng);
+    return Tensor::from_floats(v, shape, DType::BF16);
+  };
+  const Tensor key = random({positions, kKvHeads, kHeadSize});
+  const Tensor value = random({positions, kKvHeads, kHeadSize});
+  const Tensor query = random({3, params.num_heads, kHeadSize});
+  LayerQuantState layer;
+  layer.k_scale = Tensor::from_floats(std::vector<float>{0.25f}, {1}, DType::F32);
+  layer.v_scale = Tensor::from_floats(std::vector<float>{0.5f}, {1}, DType::F32);
+
+  const Dims shape = kBackend.kv_cache_shape(kNumBlocks, kBlockSize, kKvHeads, kHeadSize, params.kv_cache_dtype);
+  const std::vector<int> hnd = kBackend.kv_cache_stride_order(KVCacheLayout::HND);
+  std::vector<std::vector<std::uint8_t>> outputs;
+  std::vector<std::vector<std::uint8_t>> keys;
+  for (const KeyPacking packing : {KeyPacking::None, KeyPacking::Keys16}) {
+    const Tensor storage = Tensor::empty_strided_order(shape, hnd, DType::FP8_E4M3, Device::cpu());
+    fill_tensor_bits(storage, 0);
+    KVCacheView view = kBackend.unbind_kv_cache(storage);
+    EXPECT_EQ(view.key_packing, KeyPacking::None);
+    view.key_packing = packing;
+    impl->do_kv_cache_update(layer, key, value, view, Tensor::from_i64(slots, {positions}));
+    const Tensor out = Tensor::zeros({3, params.num_heads, kHeadSize}, DType::BF16);
+    const Tensor lse = Tensor::zeros({params.num_heads, 3}, DType::F32);
+    impl->forward(layer, query, {}, {}, view, *md, out, lse);
+    outputs.push_back(to_byte_vector(out));
+    const std::vector<std::uint8_t> lse_bytes = to_byte_vector(lse);
+    outputs.back().insert(outputs.back().end(), lse_bytes.begin(), lse_bytes.end());
+    keys.push_back(to_byte_vector(view.key));
+  }
+  EXPECT_NE(keys[0], keys[1]);
+  EXPECT_EQ(outputs[0], outputs[1]);
+
+  // An NHD cache with two heads cannot hold the packing.
+  const Tensor nhd = Tensor::zeros(shape, DType::FP8_E4M3);
+  KVCacheView bad = kBackend.unbind_kv_cache(nhd);
+  bad.key_packing = KeyPacking::Keys16;
+  const Tensor out = Tensor::zeros({3, params.num_heads, kHeadSize}, DType::BF16);
+  expect_error([&] { impl->forward(layer, query, {}, {}, bad, *md, out, {}); }, ErrorKind::InvalidArgument,
+               "kv_cache.key slot stride must be 8");
 }
 
 }  // namespace

@@ -72,16 +72,26 @@ bool is_dense(const StridedLayout& l) {
 }
 
 // Stores one [D] row into the cache: quantized for fp8, else an exact bit copy.
+// `slot` is the row's slot in its block: with a packed K, dst points at the
+// slot's row-major position and element i goes to key_offset_in_block.
 void store_row(void* dst, const void* src, std::int64_t head_size, DType src_dtype, DType cache_dtype,
-               float scale) {
-  if (!is_fp8(cache_dtype)) {
-    std::memcpy(dst, src, static_cast<std::size_t>(head_size) * dtype_size(src_dtype));
+               float scale, KeyPacking packing, std::int64_t slot) {
+  const std::size_t src_es = dtype_size(src_dtype);
+  if (packing == KeyPacking::None && !is_fp8(cache_dtype)) {
+    std::memcpy(dst, src, static_cast<std::size_t>(head_size) * src_es);
     return;
   }
-  const std::size_t src_es = dtype_size(src_dtype);
-  for (std::int64_t i = 0; i < head_size; ++i) {
-    const float x = load_as_float(at(src, i, src_es), src_dtype);
-    store_from_float(at(dst, i, 1), cache_dtype, x / scale);
+  const std::size_t cache_es = dtype_size(cache_dtype);
+  const auto d_size = static_cast<int>(head_size);
+  const auto s = static_cast<int>(slot);
+  const std::int64_t row_major_start = key_offset_in_block(KeyPacking::None, s, 0, d_size);
+  for (int i = 0; i < d_size; ++i) {
+    void* out = at(dst, key_offset_in_block(packing, s, i, d_size) - row_major_start, cache_es);
+    if (is_fp8(cache_dtype)) {
+      store_from_float(out, cache_dtype, load_as_float(at(src, i, src_es), src_dtype) / scale);
+    } else {
+      std::memcpy(out, at(src, i, src_es), src_es);
+    }
   }
 }
 
@@ -103,10 +113,10 @@ void reshape_and_cache(const ReshapeAndCacheParams& p) {
       const CacheStrides& vc = p.value_cache_strides;
       store_row(at(p.key_cache, block * kc.block + offset * kc.slot + h * kc.head, cache_es),
                 at(p.key, t * p.key_strides.token + h * p.key_strides.head, src_es), p.head_size, p.src_dtype,
-                p.cache_dtype, k_scale);
+                p.cache_dtype, k_scale, p.key_packing, offset);
       store_row(at(p.value_cache, block * vc.block + offset * vc.slot + h * vc.head, cache_es),
                 at(p.value, t * p.value_strides.token + h * p.value_strides.head, src_es), p.head_size,
-                p.src_dtype, p.cache_dtype, v_scale);
+                p.src_dtype, p.cache_dtype, v_scale, KeyPacking::None, offset);
     }
   }
 }

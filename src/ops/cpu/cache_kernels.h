@@ -5,6 +5,7 @@
 // below says otherwise.
 #pragma once
 
+#include <pagedattn/kv_packing.h>
 #include <pagedattn/scalar.h>
 
 #include <cstdint>
@@ -62,6 +63,7 @@ struct ReshapeAndCacheParams {
   CacheStrides value_cache_strides;
   DType src_dtype = DType::BF16;
   DType cache_dtype = DType::BF16;  // fp8: quantized stores; otherwise == src_dtype, bits copied
+  KeyPacking key_packing = KeyPacking::None;  // K's order within a block (key_cache slot stride == head_size if packed)
 };
 void reshape_and_cache(const ReshapeAndCacheParams& p);
 

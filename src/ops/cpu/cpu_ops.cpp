@@ -37,7 +37,7 @@ class CpuOps final : public OpsImpl {
  public:
   void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                          const TensorView& value_cache, const TensorView& slot_mapping,
-                         const TensorView& k_scale, const TensorView& v_scale) override {
+                         const TensorView& k_scale, const TensorView& v_scale, KeyPacking key_packing) override {
     k::ReshapeAndCacheParams p;
     p.key = key.data();
     p.value = value.data();
@@ -61,8 +61,11 @@ class CpuOps final : public OpsImpl {
     p.value_cache_strides = cache_strides(value_cache);
     p.src_dtype = key.dtype();
     p.cache_dtype = key_cache.dtype();
+    p.key_packing = key_packing;
     k::reshape_and_cache(p);
   }
+
+  bool writes_key_packing(KeyPacking /*packing*/) const override { return true; }
 
   void merge_attn_states(const TensorView& output, const TensorView& prefix_output,
                          const TensorView& prefix_lse, const TensorView& suffix_output,

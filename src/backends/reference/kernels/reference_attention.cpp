@@ -65,6 +65,22 @@ const std::byte* key_or_value_row(const ReferenceAttentionParams& p, const RowCo
             p.cache_dtype);
 }
 
+// Key j as doubles times `scale`, read in the cache's K packing.
+void load_key_row(const ReferenceAttentionParams& p, const RowContext& row, int j, double scale, double* dst) {
+  const std::byte* start = key_or_value_row(p, row, j, false);
+  if (p.key_source == KeySource::DenseRows || p.key_cache.packing == KeyPacking::None) {
+    const DType t = p.key_source == KeySource::DenseRows ? p.key.dtype : p.cache_dtype;
+    load_row(start, t, p.key_source == KeySource::DenseRows ? 1 : p.key_cache.dim_stride, p.head_size, scale, dst);
+    return;
+  }
+  const int slot = j % p.block_size;
+  const std::int64_t row_major_start = key_offset_in_block(KeyPacking::None, slot, 0, p.head_size);
+  for (int d = 0; d < p.head_size; ++d) {
+    const std::int64_t offset = key_offset_in_block(p.key_cache.packing, slot, d, p.head_size) - row_major_start;
+    dst[d] = static_cast<double>(load_as_float(at(start, offset, p.cache_dtype), p.cache_dtype)) * scale;
+  }
+}
+
 std::int64_t row_dim_stride(const ReferenceAttentionParams& p, bool value) {
   if (p.key_source == KeySource::DenseRows) return 1;
   return value ? p.value_cache.dim_stride : p.key_cache.dim_stride;
@@ -112,9 +128,7 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
   const double slope = p.alibi_slopes == nullptr ? 0.0 : static_cast<double>(p.alibi_slopes[head]);
   double max_score = -std::numeric_limits<double>::infinity();
   for (int j = lo; j < hi; ++j) {
-    load_row(key_or_value_row(p, row, j, false),
-             p.key_source == KeySource::DenseRows ? p.key.dtype : p.cache_dtype, row_dim_stride(p, false),
-             d_size, k_scale, kv);
+    load_key_row(p, row, j, k_scale, kv);
     double dot = 0.0;
     for (int d = 0; d < d_size; ++d) dot += q[d] * kv[d];
     double s = p.scale * dot;

@@ -6,6 +6,7 @@
 // validates every argument before filling the struct.
 #pragma once
 
+#include <pagedattn/kv_packing.h>
 #include <pagedattn/scalar.h>
 
 #include <cstddef>
@@ -40,6 +41,7 @@ struct CacheOperand {
   std::int64_t slot_stride = 0;
   std::int64_t head_stride = 0;
   std::int64_t dim_stride = 1;
+  KeyPacking packing = KeyPacking::None;  // K only; packed rows are head_size elements apart
 };
 
 struct ReferenceAttentionParams {
