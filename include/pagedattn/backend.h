@@ -277,6 +277,7 @@ AttentionProblem make_attention_problem(const AttentionImplParams& params, int b
 // `packing`: Keys16 needs rows head_size elements apart, a block size that is a
 // multiple of kPackedKeyGroup and a head size that is a multiple of kPackedDimGroup.
 void check_key_packing(std::string_view where, const TensorView& key_cache, KeyPacking packing);
+bool can_hold_key_packing(const TensorView& key_cache, KeyPacking packing);
 std::string_view key_packing_name(KeyPacking packing);
 
 // Throws Unsupported listing the plan's reasons when it is not supported.

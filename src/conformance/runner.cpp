@@ -321,8 +321,8 @@ class CacheUnderTest {
   }
 
   std::optional<std::string> check() const {
-    if (auto bad = compare_half(view_.key, expected_key_, "key")) return bad;
-    return compare_half(view_.value, expected_value_, "value");
+    if (auto bad = compare_half(in_key_order(to_byte_vector(view_.key)), expected_key_, "key")) return bad;
+    return compare_half(to_byte_vector(view_.value), expected_value_, "value");
   }
 
  private:
@@ -339,9 +339,32 @@ class CacheUnderTest {
     }
   }
 
-  std::optional<std::string> compare_half(const TensorView& half, const std::vector<std::uint8_t>& expected,
-                                          std::string_view name) const {
-    const auto actual = to_byte_vector(half);
+  // The logical bytes [NB, BS, Hkv, D] of the K half from the bytes at each
+  // logical position, which a packed K holds in its own order (kv_packing.h).
+  std::vector<std::uint8_t> in_key_order(const std::vector<std::uint8_t>& at_positions) const {
+    if (view_.key_packing == KeyPacking::None) return at_positions;
+    std::vector<std::uint8_t> out(at_positions.size());
+    const std::size_t es = dtype_size(storage_dtype_);
+    const auto element = [&](std::size_t block, std::int64_t slot, int h, std::int64_t d) {
+      return ((block * block_size_ + static_cast<std::size_t>(slot)) * kv_heads_ + h) * head_size_ +
+             static_cast<std::size_t>(d);
+    };
+    for (std::size_t b = 0; b * block_size_ * kv_heads_ * head_size_ * es < at_positions.size(); ++b) {
+      for (int s = 0; s < block_size_; ++s) {
+        for (int h = 0; h < kv_heads_; ++h) {
+          for (int d = 0; d < head_size_; ++d) {
+            const std::int64_t at = key_offset_in_block(view_.key_packing, s, d, head_size_);
+            std::copy_n(at_positions.begin() + static_cast<std::ptrdiff_t>(element(b, at / head_size_, h, at % head_size_) * es),
+                        es, out.begin() + static_cast<std::ptrdiff_t>(element(b, s, h, d) * es));
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  std::optional<std::string> compare_half(const std::vector<std::uint8_t>& actual,
+                                          const std::vector<std::uint8_t>& expected, std::string_view name) const {
     if (actual == expected) return std::nullopt;
     const std::size_t es = dtype_size(storage_dtype_);
     const auto poison = poison_bytes(storage_dtype_);

@@ -127,8 +127,16 @@ KVCacheView AttentionBackend::unbind_kv_cache(const TensorView& kv_cache) const 
 
 std::string_view key_packing_name(KeyPacking packing) { return packing == KeyPacking::None ? "none" : "keys16"; }
 
+bool can_hold_key_packing(const TensorView& key_cache, KeyPacking packing) {
+  if (packing == KeyPacking::None) return true;
+  if (key_cache.dim() != kKvCacheRank - 1) return false;
+  const std::int64_t head_size = key_cache.size(3);
+  return key_cache.stride(3) == 1 && key_cache.stride(1) == head_size && key_cache.size(1) % kPackedKeyGroup == 0 &&
+         head_size % kPackedDimGroup == 0;
+}
+
 void check_key_packing(std::string_view where, const TensorView& key_cache, KeyPacking packing) {
-  if (packing == KeyPacking::None) return;
+  if (can_hold_key_packing(key_cache, packing)) return;
   check_rank(key_cache, where, "kv_cache.key", kKvCacheRank - 1);
   const std::int64_t head_size = key_cache.size(3);
   const std::string what = fmt::format("a {}-packed K", key_packing_name(packing));

@@ -39,6 +39,12 @@ std::optional<std::string> CpuAttnBackend::head_size_rule(int head_size) const {
   return fmt::format("head_size must be a positive multiple of {}, got {}", kHeadSizeMultiple, head_size);
 }
 
+KeyPacking CpuAttnBackend::key_packing(const TensorView& key_cache) const {
+  const KeyPacking preferred =
+      cpu_attn::preferred_key_packing(key_cache.dtype(), static_cast<int>(key_cache.size(3)));
+  return can_hold_key_packing(key_cache, preferred) ? preferred : KeyPacking::None;
+}
+
 KernelPlan CpuAttnBackend::plan_kernel(const AttentionProblem& problem) const {
   KernelPlan plan;
   if (auto rule = head_size_rule(problem.head_size)) plan.reasons.push_back(std::move(*rule));

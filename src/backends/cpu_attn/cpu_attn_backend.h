@@ -35,6 +35,10 @@ class CpuAttnBackend : public AttentionBackend {
   // Fixed split points, split partials merged in split order.
   bool is_deterministic() const override { return true; }
 
+  // Keys16 for caches the active ISA's decode reads faster packed
+  // (cpu_attn::preferred_key_packing) and that can hold it (can_hold_key_packing:
+  // HND rows, a block size that is a multiple of kPackedKeyGroup).
+  KeyPacking key_packing(const TensorView& key_cache) const override;
   KernelPlan plan_kernel(const AttentionProblem& problem) const override;
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override;
   std::unique_ptr<AttentionMetadataBuilder> make_builder(const BuilderParams& params) const override;

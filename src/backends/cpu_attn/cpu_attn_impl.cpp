@@ -115,12 +115,11 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
     p.kv_dtype = params_.dtype;
   } else {
     p.key_source = cpu_attn::KeySource::PagedCache;
-    check_arg(kv_cache.key_packing == KeyPacking::None, kWhere, "kv_cache.key_packing",
-              "none (CPU_ATTN reads row-major K)", key_packing_name(kv_cache.key_packing));
     p.block_table = common.block_table_cpu.data_as<const std::int32_t>();
     p.block_table_row_stride = common.block_table_cpu.stride(0);
     p.block_size = common.block_size;
     p.key_cache = cache_operand(kv_cache.key);
+    p.key_cache.packing = kv_cache.key_packing;
     p.value_cache = cache_operand(kv_cache.value);
     p.kv_dtype = kv_storage_dtype_;
     if (shape.fp8) {

@@ -62,7 +62,8 @@ std::atomic<Active*>& active_slot() {
 
 // Bytes of the tile buffers every KV head of an item shares.
 std::size_t shared_bytes(std::size_t d) {
-  return 2 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
+  // kt, vf, and ks (K elements of at most a float's size)
+  return 3 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
 }
 
 // Bytes of one KV head's state.
@@ -95,6 +96,7 @@ Scratch::Scratch(void* base, int head_size, int num_rows, int head, int num_head
   kt = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
   vf = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
   tmp = reinterpret_cast<float*>(take(d * sizeof(float)));
+  ks = take(d * kTileKeys * sizeof(float));
 }
 
 std::size_t Scratch::bytes(int head_size, int num_rows, int num_heads) {
@@ -147,6 +149,12 @@ std::vector<Isa> available_isas() {
 }
 
 Isa active_isa() { return active_slot().load(std::memory_order_acquire)->isa; }
+
+KeyPacking preferred_key_packing(DType kv_dtype, int head_size) {
+  const bool packed_scores =
+      active_isa() == Isa::Avx512Bf16 && kv_dtype == DType::FP8_E4M3 && head_size % kDecodeDotChunk == 0;
+  return packed_scores ? KeyPacking::Keys16 : KeyPacking::None;
+}
 
 bool set_isa(Isa isa) {
   if (!isa_compiled(isa) || !cpu_runs(isa)) return false;

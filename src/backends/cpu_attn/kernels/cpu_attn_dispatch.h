@@ -53,6 +53,7 @@ struct Scratch {
   float* kt = nullptr;      // [D, kTileKeys] transposed K tile (the chunked decode path: raw K rows, staged)
   float* vf = nullptr;      // [kTileKeys, D] converted V tile (the chunked decode path: raw V rows, staged)
   float* tmp = nullptr;     // [D] one converted row
+  unsigned char* ks = nullptr;  // [kTileKeys, D] K rows unpacked from a packed cache (unpack_key_rows)
 
   // The buffers of KV head number `head` (0-based) of an item of `num_heads`.
   Scratch(void* base, int head_size, int num_rows, int head, int num_heads);

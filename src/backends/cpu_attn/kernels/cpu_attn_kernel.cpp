@@ -678,12 +678,22 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
 // One tile of the AVX512-BF16 decode path: `ahead` is prefetched into L1 from
 // the score loop, `far` into L2 from the P V loop. `score_scale`: the softmax
 // scale times the KV head's K dequantization scale (the bf16 queries stay
-// unscaled).
+// unscaled). `packed_scores`: K is a Keys16-packed e4m3 cache and the tile
+// starts a group (k_rows point at the rows' row-major positions).
 template <DType KV>
 void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                      const unsigned char* const* k_rows, const unsigned char* const* v_rows,
-                     const TilePrefetch& ahead, const TilePrefetch& far, float score_scale) {
-  ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
+                     const TilePrefetch& ahead, const TilePrefetch& far, float score_scale, bool packed_scores) {
+  if constexpr (KV == DType::FP8_E4M3) {
+    if (packed_scores) {
+      ScoresDecodePackedE4M3(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
+    } else {
+      ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
+    }
+  } else {
+    static_cast<void>(packed_scores);
+    ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
+  }
   SoftmaxDecode(p, sc, rows, t0, n);
   AccumulatePvDecodeBf16<KV>(sc, rows, p.head_size, n, v_rows, far);
 }
@@ -738,6 +748,11 @@ void finish_row(const AttentionParams& p, int token, int head, float m, float l,
   if (lse != nullptr) *lse = m + std::log(l);
 }
 
+// Whether K comes from a packed cache (kv_packing.h).
+bool keys_packed(const AttentionParams& p) {
+  return p.key_source == KeySource::PagedCache && p.key_cache.packing != KeyPacking::None;
+}
+
 // Whether one KV head's consecutive K or V rows are not adjacent in memory
 // (NHD caches with several KV heads, or strided new keys).
 bool rows_scattered(const AttentionParams& p, int d_size) {
@@ -762,6 +777,27 @@ void stage_rows([[maybe_unused]] D d, const unsigned char* const* rows, int n, s
     for (std::size_t b = 0; b < whole; b += hn::Lanes(du8)) hn::StoreU(hn::LoadU(du8, rows[i] + b), du8, dst + b);
 #endif
     if (whole < row_bytes) std::memcpy(dst + whole, rows[i] + whole, row_bytes - whole);
+    staged[i] = dst;
+  }
+}
+
+// Copies the K rows of keys [t0, t0 + n) of a Keys16-packed cache (k_rows:
+// their row-major positions, tile_pointers) into out in row order, each
+// dimension pair at once, and points staged[i] at row i: the paths that read
+// rows (prefill, the chunked decode, e4m3 tiles not starting a group) read these.
+template <DType KV>
+void unpack_key_rows(const AttentionParams& p, int t0, int n, const unsigned char* const* k_rows,
+                     unsigned char* out, const unsigned char** staged) {
+  constexpr std::size_t kPairBytes = 2 * dtype_size(KV);
+  const int d_size = p.head_size;
+  const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
+  for (int i = 0; i < n; ++i) {
+    const int t = (t0 + i) % p.block_size % kPackedKeyGroup;
+    const unsigned char* group = k_rows[i] - static_cast<std::size_t>(t) * row_bytes;
+    unsigned char* dst = out + static_cast<std::size_t>(i) * row_bytes;
+    for (int d = 0; d < d_size; d += 2) {
+      std::memcpy(dst + d * dtype_size(KV), group + packed_key_group_offset(t, d) * dtype_size(KV), kPairBytes);
+    }
     staged[i] = dst;
   }
 }
@@ -856,15 +892,20 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
   const auto head_scratch = [&](int h) { return Scratch(scratch, d_size, shape.rows, h, heads); };
   int lo = 0;
   int hi = 0;  // the same for every head: no mask depends on the head
+  const bool packed_k = keys_packed(p);
+  // e4m3 tiles that start a Keys16 group read the packed K as it is; other
+  // packed K is unpacked per tile. lo is the same for all of the item's tiles.
+  bool packed_scores = false;
   for (int h = 0; h < heads; ++h) {
     const WorkItem one = head_of(item, h);
     const Scratch sc = head_scratch(h);
     begin_head(p, one, shape, sc, lo, hi);
+    packed_scores = decode_dot && KV == DType::FP8_E4M3 && packed_k && lo % kPackedKeyGroup == 0;
 #if HWY_TARGET == HWY_AVX3
     if constexpr (kDecodeDotKV<KV>) {
       if (decode_dot) {
         LoadQueriesBf16(p, one, shape, reinterpret_cast<std::uint16_t*>(sc.q));
-        QueriesToKeySlotOrder<KV>(reinterpret_cast<std::uint16_t*>(sc.q), shape.rows, d_size);
+        if (!packed_scores) QueriesToKeySlotOrder<KV>(reinterpret_cast<std::uint16_t*>(sc.q), shape.rows, d_size);
         continue;
       }
     }
@@ -915,10 +956,16 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     const unsigned char* const* v_rows = unit_v[u % kUnitRing];
     const int n = unit_n(u);
     const Scratch sc = head_scratch(u % heads);
-    if (staged) {
-      stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
-      stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
+    if (packed_k && !packed_scores) {
+      unpack_key_rows<KV>(p, unit_t0(u), n, k_rows, sc.ks, staged_k);
       k_rows = staged_k;
+    } else if (staged) {
+      // A packed K's rows are adjacent, so its groups are copied whole.
+      stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
+      k_rows = staged_k;
+    }
+    if (staged) {
+      stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
       v_rows = staged_v;
     }
     const TilePrefetch far =
@@ -927,7 +974,8 @@ void RunChunkedDecode(D d, const AttentionParams& p, const WorkItem& item, const
     if constexpr (kDecodeDotKV<KV>) {
       if (decode_dot) {
         const float score_scale = p.scale * dequant_scale(p, p.k_scale, item.kv_head + u % heads);
-        tile_decode_dot<KV>(p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, far, score_scale);
+        tile_decode_dot<KV>(p, sc, shape.rows, unit_t0(u), n, k_rows, v_rows, ahead, far, score_scale,
+                            packed_scores);
         continue;
       }
     }
@@ -985,6 +1033,8 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
   const unsigned char* far_v[kTileKeys];
   int cur = 0;
   if (lo < hi) tile_pointers(p, item, shape, lo, std::min(kTileKeys, hi - lo), tile_k[cur], tile_v[cur]);
+  const bool packed_k = keys_packed(p);
+  const unsigned char* unpacked_k[kTileKeys];
   for (int t0 = lo; t0 < hi; t0 += kTileKeys, cur ^= 1) {
     const int n = std::min(kTileKeys, hi - t0);
     const unsigned char* const* k_rows = tile_k[cur];  // [n] this tile's rows
@@ -1000,6 +1050,10 @@ void RunItemTyped(D d, const AttentionParams& p, const WorkItem& item, const Par
       tile_pointers(p, item, shape, far, far_n, far_k, far_v);
       prefetch_rows<kKeepInL2>(far_k, far_n, row_bytes);
       prefetch_rows<kKeepInL2>(far_v, far_n, row_bytes);
+    }
+    if (packed_k) {
+      unpack_key_rows<KV>(p, t0, n, k_rows, sc.ks, unpacked_k);
+      k_rows = unpacked_k;
     }
 #if HWY_TARGET == HWY_AVX3
     if (bf16_dot) {

@@ -9,6 +9,7 @@
 // chosen at run time (cpu_attn_isa.h).
 #pragma once
 
+#include <pagedattn/kv_packing.h>
 #include <pagedattn/scalar.h>
 
 #include <cstddef>
@@ -43,6 +44,9 @@ struct CacheOperand {
   std::int64_t block_stride = 0;
   std::int64_t slot_stride = 0;
   std::int64_t head_stride = 0;
+  // K only: its order within a block (kv_packing.h); packed rows are
+  // slot_stride == head_size apart and the block size a multiple of kPackedKeyGroup.
+  KeyPacking packing = KeyPacking::None;
 };
 
 struct AttentionParams {
@@ -129,6 +133,13 @@ std::size_t scratch_bytes(int head_size, int max_rows, int max_kv_heads);
 
 // Alignment the scratch buffer must have.
 inline constexpr std::size_t kScratchAlignment = 64;
+
+// The K packing the selected ISA's decode reads fastest for a cache of
+// `kv_dtype` and `head_size` (the caller checks that the cache can hold it):
+// Keys16 for e4m3 K where the AVX512-BF16 decode takes whole kDecodeDotChunk
+// chunks, whose score pass then reads 16 keys per vector (docs/kv_layouts.md).
+inline constexpr int kDecodeDotChunk = 64;
+KeyPacking preferred_key_packing(DType kv_dtype, int head_size);
 
 // Runs one work item with the selected ISA. `scratch` holds at least
 // scratch_bytes(head_size, rows of the item, KV heads of the item) bytes,

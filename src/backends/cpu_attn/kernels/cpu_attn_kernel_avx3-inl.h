@@ -212,7 +212,7 @@ template <DType KV>
 constexpr bool kDecodeDotKV = KV == DType::BF16 || KV == DType::FP8_E4M3;
 
 // K/V values one decode step converts: one 64-byte e4m3 load, two bf16 vectors.
-constexpr int kDecodeChunk = 64;
+constexpr int kDecodeChunk = kDecodeDotChunk;
 // e4m3 magnitudes (7 bits) and the bf16 table built from them.
 constexpr int kE4M3Magnitudes = 128;
 constexpr std::uint16_t kE4M3NanMagnitude = 0x7F;
@@ -517,6 +517,106 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
                                                       _mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))),
                                         vscale);
       _mm512_store_ps(DecodeScoreStep(sc, r0, i0), sums);
+    }
+  }
+}
+
+// Keys16-packed e4m3 K groups per pass of ScoresDecodePackedE4M3: each query
+// pair is broadcast once for both (docs/perf.md, attempt 56).
+constexpr int kPackedPassGroups = 2;
+// Dimension quads between two prefetch calls of that pass.
+constexpr int kPackedPrefetchQuads = 4;
+static_assert(kPackedGroupElements == kLanesPerVector * kBytesPerLane, "a dimension quad of a group is one 64-byte load");
+static_assert(kPackedKeyGroup == kFloatsPerVector && kPackedKeysPerLane == kDecodeKeyBlock,
+              "a group's scores are one vector per row, a lane of it one score step");
+
+// Scores of groups[0 .. kGroups) (keys key0 .. key0 + 16 kGroups of the tile)
+// for the row block at r0, stored as DecodeScoreStep lays them out. Each
+// quad's two unpacks leave 16 keys x one dimension pair per vector, so every
+// row accumulates one vector per group and no lanes are reduced; a 4 x 4
+// transposition of 128-bit lanes then gives the score steps. The pass
+// prefetches the tile ahead's keys in proportion to its quads.
+template <int kGroups>
+PAGEDATTN_DECODE_TARGET HWY_INLINE void ScoresPackedGroups(const Scratch& sc, int r0, const std::uint32_t* const* q,
+                                                           int quads, int key0, const unsigned char* const* groups,
+                                                           __m512 vscale, const E4M3Regs& t,
+                                                           const TilePrefetch* ahead) {
+  constexpr int kPassKeys = kGroups * kPackedKeyGroup;
+  __m512 acc[kRowBlock][kGroups];
+  for (int r = 0; r < kRowBlock; ++r) {
+    for (int u = 0; u < kGroups; ++u) acc[r][u] = _mm512_setzero_ps();
+  }
+  for (int g = 0; g < quads; ++g) {
+    if (g % kPackedPrefetchQuads == 0) {
+      const int first = key0 + g * kPassKeys / quads;
+      const int last = key0 + std::min(g + kPackedPrefetchQuads, quads) * kPassKeys / quads;
+      prefetch_ahead(ahead, first, last - first);
+    }
+    __m512i pair0[kGroups], pair1[kGroups];  // dimensions (4g, 4g + 1) and (4g + 2, 4g + 3)
+    for (int u = 0; u < kGroups; ++u) {
+      __m512i lo, hi;
+      E4M3Bf16Bytes(_mm512_loadu_si512(groups[u] + g * kPackedGroupElements), t, lo, hi);
+      pair0[u] = _mm512_unpacklo_epi8(lo, hi);
+      pair1[u] = _mm512_unpackhi_epi8(lo, hi);
+    }
+    for (int r = 0; r < kRowBlock; ++r) {
+      const auto b0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][2 * g]));
+      const auto b1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][2 * g + 1]));
+      for (int u = 0; u < kGroups; ++u) {
+        acc[r][u] = _mm512_dpbf16_ps(acc[r][u], (__m512bh)pair0[u], b0);
+        acc[r][u] = _mm512_dpbf16_ps(acc[r][u], (__m512bh)pair1[u], b1);
+      }
+    }
+  }
+  constexpr int kLo = _MM_SHUFFLE(1, 0, 1, 0);
+  constexpr int kHi = _MM_SHUFFLE(3, 2, 3, 2);
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0);
+  constexpr int kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  for (int u = 0; u < kGroups; ++u) {
+    __m512 s[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) s[r] = _mm512_mul_ps(acc[r][u], vscale);
+    // Lane l of row r's vector holds keys 4l .. 4l + 3; step l takes lane l of every row.
+    const __m512 t0 = _mm512_shuffle_f32x4(s[0], s[1], kLo);
+    const __m512 t1 = _mm512_shuffle_f32x4(s[2], s[3], kLo);
+    const __m512 t2 = _mm512_shuffle_f32x4(s[0], s[1], kHi);
+    const __m512 t3 = _mm512_shuffle_f32x4(s[2], s[3], kHi);
+    const int first = key0 + u * kPackedKeyGroup;
+    _mm512_store_ps(DecodeScoreStep(sc, r0, first), _mm512_shuffle_f32x4(t0, t1, kEven));
+    _mm512_store_ps(DecodeScoreStep(sc, r0, first + kDecodeKeyBlock), _mm512_shuffle_f32x4(t0, t1, kOdd));
+    _mm512_store_ps(DecodeScoreStep(sc, r0, first + 2 * kDecodeKeyBlock), _mm512_shuffle_f32x4(t2, t3, kEven));
+    _mm512_store_ps(DecodeScoreStep(sc, r0, first + 3 * kDecodeKeyBlock), _mm512_shuffle_f32x4(t2, t3, kOdd));
+  }
+}
+
+// S = (Q K^T) * scale for a decode tile of n keys whose first key starts a
+// Keys16 group of an e4m3 cache (k_rows[16 j] is group j's first element), in
+// the layout of ScoresDecodeBf16. Q holds the bf16 query rows in head order.
+// A partial last group's missing keys get the scores of whatever their slots
+// hold (inside the block), which SoftmaxDecode masks.
+PAGEDATTN_DECODE_TARGET void ScoresDecodePackedE4M3(const Scratch& sc, int rows, int d_size, int n,
+                                                    const unsigned char* const* k_rows, float scale,
+                                                    const TilePrefetch& ahead) {
+  const E4M3Regs t = LoadE4M3Regs();
+  const auto* q32 = reinterpret_cast<const std::uint32_t*>(sc.q);
+  const int pairs = d_size / 2;
+  const int quads = d_size / kPackedDimGroup;
+  const int groups = (n + kPackedKeyGroup - 1) / kPackedKeyGroup;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int rb = std::min(kRowBlock, rows - r0);
+    // Missing rows of a partial block reuse row r0 and are not read back.
+    const std::uint32_t* q[kRowBlock];
+    for (int r = 0; r < kRowBlock; ++r) q[r] = q32 + (r0 + (r < rb ? r : 0)) * pairs;
+    const TilePrefetch* pass_ahead = r0 == 0 ? &ahead : nullptr;
+    int j = 0;
+    for (; j + kPackedPassGroups <= groups; j += kPackedPassGroups) {
+      const unsigned char* pass[kPackedPassGroups];
+      for (int u = 0; u < kPackedPassGroups; ++u) pass[u] = k_rows[(j + u) * kPackedKeyGroup];
+      ScoresPackedGroups<kPackedPassGroups>(sc, r0, q, quads, j * kPackedKeyGroup, pass, vscale, t, pass_ahead);
+    }
+    if (j < groups) {
+      const unsigned char* last = k_rows[j * kPackedKeyGroup];
+      ScoresPackedGroups<1>(sc, r0, q, quads, j * kPackedKeyGroup, &last, vscale, t, pass_ahead);
     }
   }
 }
