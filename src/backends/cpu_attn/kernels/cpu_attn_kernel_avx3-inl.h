@@ -535,22 +535,22 @@ static_assert(kPackedKeyGroup == kFloatsPerVector && kPackedKeysPerLane == kDeco
 // quad's two unpacks leave 16 keys x one dimension pair per vector, so every
 // row accumulates one vector per group and no lanes are reduced; a 4 x 4
 // transposition of 128-bit lanes then gives the score steps. The pass
-// prefetches the tile ahead's keys in proportion to its quads.
+// prefetches the tile ahead's keys in proportion to its quads (rounded up:
+// a few keys of the next pass may go twice).
 template <int kGroups>
 PAGEDATTN_DECODE_TARGET HWY_INLINE void ScoresPackedGroups(const Scratch& sc, int r0, const std::uint32_t* const* q,
                                                            int quads, int key0, const unsigned char* const* groups,
                                                            __m512 vscale, const E4M3Regs& t,
                                                            const TilePrefetch* ahead) {
   constexpr int kPassKeys = kGroups * kPackedKeyGroup;
+  const int keys_per_prefetch = (kPassKeys * kPackedPrefetchQuads + quads - 1) / quads;
   __m512 acc[kRowBlock][kGroups];
   for (int r = 0; r < kRowBlock; ++r) {
     for (int u = 0; u < kGroups; ++u) acc[r][u] = _mm512_setzero_ps();
   }
   for (int g = 0; g < quads; ++g) {
     if (g % kPackedPrefetchQuads == 0) {
-      const int first = key0 + g * kPassKeys / quads;
-      const int last = key0 + std::min(g + kPackedPrefetchQuads, quads) * kPassKeys / quads;
-      prefetch_ahead(ahead, first, last - first);
+      prefetch_ahead(ahead, key0 + g / kPackedPrefetchQuads * keys_per_prefetch, keys_per_prefetch);
     }
     __m512i pair0[kGroups], pair1[kGroups];  // dimensions (4g, 4g + 1) and (4g + 2, 4g + 3)
     for (int u = 0; u < kGroups; ++u) {

@@ -73,7 +73,10 @@ struct Fixture {
     // NHD: [num_blocks, block_size, Hkv, D]; HND: [num_blocks, Hkv, block_size, D].
     const std::int64_t slot = hnd ? kHeadSize : kKvHeads * kHeadSize;
     const std::int64_t head = hnd ? kBlockSize * kHeadSize : kHeadSize;
-    p.key_cache = {k_cache.data(), block, slot, head};
+    // As the backend binds a cache: HND e4m3 K packed where the active ISA prefers it
+    // (the random contents need no reordering).
+    const KeyPacking packing = hnd ? preferred_key_packing(kv_dtype, kHeadSize) : KeyPacking::None;
+    p.key_cache = {k_cache.data(), block, slot, head, packing};
     p.value_cache = {v_cache.data(), block, slot, head};
     p.kv_dtype = kv_dtype;
     static const float kUnitScale = 1.0f;
