@@ -10,8 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn {
 namespace {
+
+using test::expect_invalid;
 
 constexpr std::uint64_t kPoison = 0x5A5A5A5A5A5A5A5Aull;
 constexpr int kLaneElements = 16;  // a 128-bit lane of e4m3 bytes
@@ -122,18 +126,6 @@ TEST(ReshapeAndCachePacked, KeysLandAtPackedPositionsValuesStayRowMajor) {
         }
       }
     }
-  }
-}
-
-// Runs `fn`, expecting an InvalidArgument Error whose message contains `needle`.
-template <typename Fn>
-void expect_invalid(Fn&& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an Error mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::InvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }
 
