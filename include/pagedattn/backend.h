@@ -273,11 +273,13 @@ AttentionProblem make_attention_problem(const AttentionImplParams& params, int b
                                         const CommonAttentionMetadata* common, bool wants_lse,
                                         bool per_head_kv_scales);
 
-// Throws InvalidArgument unless a cache K half [NB, BS, Hkv, D] can hold
-// `packing`: Keys16 needs rows head_size elements apart, a block size that is a
-// multiple of kPackedKeyGroup and a head size that is a multiple of kPackedDimGroup.
-void check_key_packing(std::string_view where, const TensorView& key_cache, KeyPacking packing);
+// Whether a cache K half [NB, BS, Hkv, D] can hold `packing`: Keys16 needs
+// rows head_size elements apart, a block size that is a multiple of
+// kPackedKeyGroup and a head size that is a multiple of kPackedDimGroup.
 bool can_hold_key_packing(const TensorView& key_cache, KeyPacking packing);
+// Throws InvalidArgument naming the unmet condition unless it can.
+void check_key_packing(std::string_view where, const TensorView& key_cache, KeyPacking packing);
+// "none", "keys16".
 std::string_view key_packing_name(KeyPacking packing);
 
 // Throws Unsupported listing the plan's reasons when it is not supported.
