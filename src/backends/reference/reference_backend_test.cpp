@@ -306,7 +306,8 @@ TEST(ReferenceBackendTest, PackedKeyCacheReadsAsTheSameKeys) {
                       ->build(make_common_metadata(requests, options));
   std::vector<std::int64_t> slots;
   for (const RequestSpec& r : requests) {
-    for (int j = 0; j < r.seq_len; ++j) slots.push_back(r.blocks[static_cast<std::size_t>(j / kBlockSize)] * kBlockSize + j % kBlockSize);
+    const std::vector<std::int64_t> own = slots_for_positions(r.blocks, kBlockSize, 0, r.seq_len);
+    slots.insert(slots.end(), own.begin(), own.end());
   }
   const auto positions = static_cast<std::int64_t>(slots.size());
   std::mt19937 rng(11);
