@@ -65,12 +65,17 @@ const std::byte* key_or_value_row(const ReferenceAttentionParams& p, const RowCo
             p.cache_dtype);
 }
 
+std::int64_t row_dim_stride(const ReferenceAttentionParams& p, bool value) {
+  if (p.key_source == KeySource::DenseRows) return 1;
+  return value ? p.value_cache.dim_stride : p.key_cache.dim_stride;
+}
+
 // Key j as doubles times `scale`, read in the cache's K packing.
 void load_key_row(const ReferenceAttentionParams& p, const RowContext& row, int j, double scale, double* dst) {
   const std::byte* start = key_or_value_row(p, row, j, false);
   if (p.key_source == KeySource::DenseRows || p.key_cache.packing == KeyPacking::None) {
-    const DType t = p.key_source == KeySource::DenseRows ? p.key.dtype : p.cache_dtype;
-    load_row(start, t, p.key_source == KeySource::DenseRows ? 1 : p.key_cache.dim_stride, p.head_size, scale, dst);
+    load_row(start, p.key_source == KeySource::DenseRows ? p.key.dtype : p.cache_dtype, row_dim_stride(p, false),
+             p.head_size, scale, dst);
     return;
   }
   const int slot = j % p.block_size;
@@ -79,11 +84,6 @@ void load_key_row(const ReferenceAttentionParams& p, const RowContext& row, int 
     const std::int64_t offset = key_offset_in_block(p.key_cache.packing, slot, d, p.head_size) - row_major_start;
     dst[d] = static_cast<double>(load_as_float(at(start, offset, p.cache_dtype), p.cache_dtype)) * scale;
   }
-}
-
-std::int64_t row_dim_stride(const ReferenceAttentionParams& p, bool value) {
-  if (p.key_source == KeySource::DenseRows) return 1;
-  return value ? p.value_cache.dim_stride : p.key_cache.dim_stride;
 }
 
 double kv_scale(const ReferenceAttentionParams& p, const float* scales, int kv_head) {
