@@ -212,7 +212,8 @@ void fill_figures(Timed& t) {
 
 BenchResult run_attention_bench(const BenchConfig& config) { return run_attention_benches({config}).front(); }
 
-std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& configs) {
+std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& configs,
+                                               const std::function<void()>& between_repeats) {
   check_arg(!configs.empty(), kWhere, "configs", "at least one", configs.size());
   for (const BenchConfig& c : configs) {
     check_arg(c.repeats >= 1, kWhere, "repeats", ">= 1", c.repeats);
@@ -235,6 +236,7 @@ std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& c
       t.times.push_back(time_ms([&] { t.forward(); }));
       t.plan_times.push_back(time_ms([&] { t.md = t.builder->build(t.w.common); }));
     }
+    if (between_repeats) between_repeats();
   }
   std::vector<BenchResult> results;
   for (Timed& t : runs) {

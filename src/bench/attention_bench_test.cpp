@@ -56,6 +56,15 @@ TEST(AttentionBenchTest, TimesSeveralConfigsSideBySide) {
   EXPECT_DOUBLE_EQ(r[0].bytes - kQueryAndOutputBytes, 2.0 * (r[1].bytes - kQueryAndOutputBytes));
 }
 
+TEST(AttentionBenchTest, RunsTheHookOnceAfterEachRoundOfRepeats) {
+  BenchConfig fp8 = small_config("q1s200");
+  fp8.kv_cache_dtype = CacheDType::Fp8E4M3;
+  int calls = 0;
+  const std::vector<BenchResult> r = run_attention_benches({small_config("q1s200"), fp8}, [&] { ++calls; });
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(calls, fp8.repeats);  // after each round of both configs, not per config or per warmup
+}
+
 TEST(AttentionBenchTest, SideBySideConfigsShareTheirRepeats) {
   BenchConfig more = small_config("q1s200");
   more.repeats = 4;

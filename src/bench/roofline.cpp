@@ -90,26 +90,31 @@ double timed_parallel(int threads, F&& body) {
 
 }  // namespace
 
-Roofline measure_roofline(int threads) {
-  Roofline r;
-  r.threads = std::max(1, threads);
-  const std::size_t n = kStreamBytes / sizeof(float);
-  // From the library's CPU allocator, as the KV caches the benchmark reads
-  // (the same page size: docs/perf.md, attempt 45).
-  const Tensor storage = Tensor::empty({static_cast<std::int64_t>(n)}, DType::F32);
-  auto* const data = static_cast<float*>(storage.data());
+ReadProbe::ReadProbe(int threads)
+    : threads_(std::max(1, threads)),
+      slice_(kStreamBytes / sizeof(float) / static_cast<std::size_t>(threads_) / 64 * 64),
+      // From the library's CPU allocator, as the KV caches the benchmark reads
+      // (the same page size: docs/perf.md, attempt 45).
+      storage_(Tensor::empty({static_cast<std::int64_t>(kStreamBytes / sizeof(float))}, DType::F32)),
+      sums_(static_cast<std::size_t>(threads_)) {
+  auto* const data = static_cast<float*>(storage_.data());
   // First touch from the reading threads' slices (pages land where they are read).
-  const std::size_t slice = n / static_cast<std::size_t>(r.threads) / 64 * 64;
-  timed_parallel(r.threads, [&](int t) { std::fill_n(data + slice * t, slice, 1.0f); });
-  std::vector<float> sums(static_cast<std::size_t>(r.threads));
+  timed_parallel(threads_, [&](int t) { std::fill_n(data + slice_ * t, slice_, 1.0f); });
+}
+
+double ReadProbe::gb_per_s() {
+  const auto* const data = static_cast<const float*>(storage_.data());
+  const double s = timed_parallel(threads_, [&](int t) {
+    sums_[static_cast<std::size_t>(t)] = HWY_DYNAMIC_DISPATCH(SumStream)(data + slice_ * t, slice_);
+  });
+  return static_cast<double>(slice_) * static_cast<double>(threads_) * sizeof(float) / s / 1e9;
+}
+
+Roofline measure_roofline(ReadProbe& probe) {
+  Roofline r;
+  r.threads = probe.threads();
   std::vector<double> rates;
-  for (int rep = 0; rep < kRepeats; ++rep) {
-    const double s = timed_parallel(r.threads, [&](int t) {
-      sums[static_cast<std::size_t>(t)] = HWY_DYNAMIC_DISPATCH(SumStream)(data + slice * t, slice);
-    });
-    const double bytes = static_cast<double>(slice) * static_cast<double>(r.threads) * sizeof(float);
-    rates.push_back(bytes / s / 1e9);
-  }
+  for (int rep = 0; rep < kRepeats; ++rep) rates.push_back(probe.gb_per_s());
   r.read_gb_per_s = median_of(rates);
   std::vector<double> flops(static_cast<std::size_t>(r.threads));
   std::vector<float> sinks(static_cast<std::size_t>(r.threads));
