@@ -53,8 +53,9 @@ BenchResult run_attention_bench(const BenchConfig& config);
 // ...) so a slow phase of a shared machine falls on each alike and their
 // ratio holds where separate runs stray (docs/perf.md). Every config takes
 // the same warmup and repeats. Results in the order of `configs`.
-// `between_repeats`, when set, runs after each round of repeats (untimed):
-// the CLI's read probe, so the roofline shares the runs' phase.
+// `between_repeats`, when set, runs after each round of repeats (untimed),
+// followed by an untimed forward of the last config: the CLI's read probe, so
+// the roofline shares the runs' phase without any repeat following it.
 std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& configs,
                                                const std::function<void()>& between_repeats = {});
 
