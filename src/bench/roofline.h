@@ -11,12 +11,12 @@
 namespace pagedattn::bench {
 
 // The roofline's streaming read, one pass per call, on `threads` threads at
-// once. A shared host's memory bandwidth moves by 2x within seconds here
+// once. A shared host's memory bandwidth can move by 2x within seconds
 // (docs/perf.md), so the benchmark also runs it between its timed repeats:
 // the bandwidth a run is divided by then comes from the same phase as the run.
 class ReadProbe {
  public:
-  // `threads` >= 1; allocates and first-touches the buffer.
+  // Fewer than one thread counts as one. Allocates and first-touches the buffer.
   explicit ReadProbe(int threads);
   int threads() const { return threads_; }
   // One pass over the buffer: GB/s.
