@@ -18,6 +18,7 @@
 #include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/thread_pool.h"
+#include "testing/normal_tensors.h"
 #if defined(__linux__)
 #include <sys/mman.h>
 #include <unistd.h>
@@ -631,13 +632,7 @@ struct PackedBatch {
   KVCacheView packed;
 
   explicit PackedBatch(const AttentionImplParams& params) {
-    std::mt19937 rng(5);
-    std::normal_distribution<float> dist;
-    const auto random = [&](Dims shape) {
-      std::vector<float> v(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]));
-      for (float& x : v) x = dist(rng);
-      return Tensor::from_floats(v, shape, DType::BF16);
-    };
+    test::NormalTensors random(5);
     std::vector<RequestSpec> specs;
     std::vector<std::int64_t> slots;
     int tokens = 0;

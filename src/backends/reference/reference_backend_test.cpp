@@ -5,7 +5,8 @@
 
 #include <cmath>
 #include <limits>
-#include <random>
+
+#include "testing/normal_tensors.h"
 
 namespace pagedattn {
 namespace {
@@ -310,13 +311,7 @@ TEST(ReferenceBackendTest, PackedKeyCacheReadsAsTheSameKeys) {
     slots.insert(slots.end(), own.begin(), own.end());
   }
   const auto positions = static_cast<std::int64_t>(slots.size());
-  std::mt19937 rng(11);
-  std::normal_distribution<float> dist;
-  const auto random = [&](Dims shape) {
-    std::vector<float> v(static_cast<std::size_t>(shape[0] * shape[1] * shape[2]));
-    for (float& x : v) x = dist(rng);
-    return Tensor::from_floats(v, shape, DType::BF16);
-  };
+  test::NormalTensors random(11);
   const Tensor key = random({positions, kKvHeads, kHeadSize});
   const Tensor value = random({positions, kKvHeads, kHeadSize});
   const Tensor query = random({3, params.num_heads, kHeadSize});

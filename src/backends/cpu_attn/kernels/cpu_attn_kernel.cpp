@@ -684,14 +684,9 @@ template <DType KV>
 void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                      const unsigned char* const* k_rows, const unsigned char* const* v_rows,
                      const TilePrefetch& ahead, const TilePrefetch& far, float score_scale, bool packed_scores) {
-  if constexpr (KV == DType::FP8_E4M3) {
-    if (packed_scores) {
-      ScoresDecodePackedE4M3(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
-    } else {
-      ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
-    }
+  if (KV == DType::FP8_E4M3 && packed_scores) {
+    ScoresDecodePackedE4M3(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
   } else {
-    static_cast<void>(packed_scores);
     ScoresDecodeBf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
   }
   SoftmaxDecode(p, sc, rows, t0, n);
