@@ -176,9 +176,17 @@ class AttentionImpl {
   //   lse    [H, T] f32    or undefined; natural log, including the sink term when the
   //                        layer has sinks; -inf for rows with no visible key
   // Never allocates or synchronizes with the host on device backends.
+  // Throws what check_forward throws for the same arguments.
   virtual void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                        const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
                        const TensorView& output, const TensorView& lse) = 0;
+
+  // Throws exactly what forward would throw for these arguments, and touches
+  // no memory: Attention::forward calls it before it writes the step's keys
+  // and values, so a forward that is rejected leaves the cache unchanged.
+  virtual void check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                             const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                             const TensorView& output, const TensorView& lse) const = 0;
 
   // Writes key/value rows into the cache at slot_mapping ([N] i64, N <= T; -1 = skip).
   virtual void do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,

@@ -166,6 +166,12 @@ using CaseCallback = std::function<void(const ConformanceCase&, const CaseResult
 ConformanceSummary run_conformance(const AttentionBackend& backend, std::string_view filter,
                                    Device device = Device::cpu(), const CaseCallback& on_case = {},
                                    int max_threads = 2);
+// The same over the cases whose id contains any of `filters` (empty = all).
+ConformanceSummary run_conformance(const AttentionBackend& backend, std::span<const std::string> filters,
+                                   Device device = Device::cpu(), const CaseCallback& on_case = {},
+                                   int max_threads = 2);
+// Whether `c`'s id contains one of `filters` (every case when empty).
+bool matches_any(const ConformanceCase& c, std::span<const std::string> filters);
 
 // "conformance: N passed, M failed, K skipped"
 std::string format_summary(const ConformanceSummary& summary);

@@ -130,6 +130,18 @@ TEST(ConformanceReferenceTest, AnIdReproducesExactlyOneCase) {
   EXPECT_EQ(s.passed + s.failed + s.skipped, 1);
 }
 
+TEST(ConformanceReferenceTest, SeveralIdsRunExactlyThoseCases) {
+  const std::vector<std::string> ids{grid()[1].id(), grid()[grid().size() - 1].id()};
+  std::vector<std::string> seen;
+  const ConformanceSummary s = run_conformance(
+      kReference, std::span<const std::string>(ids), Device::cpu(),
+      [&](const ConformanceCase& c, const CaseResult&) { seen.push_back(c.id()); });
+  EXPECT_EQ(seen, ids);
+  EXPECT_EQ(s.passed, 2);
+  EXPECT_TRUE(matches_any(grid()[0], {}));
+  EXPECT_FALSE(matches_any(grid()[0], ids));
+}
+
 // ---- a deliberately broken backend must be caught ----
 
 enum class Defect {
@@ -148,6 +160,11 @@ class BrokenImpl final : public AttentionImpl {
   BrokenImpl(std::unique_ptr<AttentionImpl> inner, Defect defect)
       : AttentionImpl(inner->params()), inner_(std::move(inner)), defect_(defect) {}
 
+  void check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                     const TensorView& output, const TensorView& lse) const override {
+    inner_->check_forward(layer, query, key, value, kv_cache, metadata, output, lse);
+  }
   void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
                const TensorView& output, const TensorView& lse) override {

@@ -813,11 +813,25 @@ CaseResult run_conformance_case(const AttentionBackend& backend, const Conforman
   }
 }
 
+bool matches_any(const ConformanceCase& c, std::span<const std::string> filters) {
+  if (filters.empty()) return true;
+  const std::string id = c.id();
+  return std::any_of(filters.begin(), filters.end(),
+                     [&](const std::string& f) { return id.find(f) != std::string::npos; });
+}
+
 ConformanceSummary run_conformance(const AttentionBackend& backend, std::string_view filter, Device device,
                                    const CaseCallback& on_case, int max_threads) {
+  std::vector<std::string> filters;
+  if (!filter.empty()) filters.emplace_back(filter);
+  return run_conformance(backend, filters, device, on_case, max_threads);
+}
+
+ConformanceSummary run_conformance(const AttentionBackend& backend, std::span<const std::string> filters,
+                                   Device device, const CaseCallback& on_case, int max_threads) {
   std::vector<ConformanceCase> cases;
   for (ConformanceCase& c : conformance_grid()) {
-    if (filter.empty() || c.id().find(filter) != std::string::npos) cases.push_back(std::move(c));
+    if (matches_any(c, filters)) cases.push_back(std::move(c));
   }
   const std::size_t n = cases.size();
   std::vector<std::optional<CaseResult>> results(n);

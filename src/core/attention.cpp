@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <tuple>
 
 namespace pagedattn {
@@ -17,6 +18,24 @@ namespace {
 constexpr float kUnitScale = 1.0f;
 
 bool is_activation_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// Every slot the cache update will write addresses the cache (kPadSlotId =
+// skip). The values are read on the host (a device tensor through one copy),
+// so a bad slot is rejected before any byte is written rather than bounded
+// away inside a device kernel.
+void check_slot_values(std::string_view where, const TensorView& slots, const KVCacheView& kv) {
+  const std::int64_t num_slots = kv.num_blocks() * kv.block_size();
+  const std::vector<std::uint8_t> bytes = to_byte_vector(slots);
+  const std::size_t count = bytes.size() / sizeof(std::int64_t);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::int64_t slot = 0;
+    std::memcpy(&slot, bytes.data() + i * sizeof(std::int64_t), sizeof(slot));
+    if (slot != kPadSlotId && (slot < 0 || slot >= num_slots)) {
+      throw_invalid(where, fmt::format("slot_mapping[{}]", i), fmt::format("{} or in [0, {})", kPadSlotId, num_slots),
+                    std::to_string(slot));
+    }
+  }
+}
 
 // vLLM's extract_layer_index: the one integer component of a dotted name
 // ("model.layers.3.self_attn.attn" -> 3); nullopt when there is not exactly one.
@@ -401,7 +420,11 @@ Tensor Attention::forward(const TensorView& query, const TensorView& key, const 
     check_device(slots, where, "slot_mapping", device_);
     check_arg(slots.size(0) <= k.size(0), where, "slot_mapping size",
               fmt::format("<= key tokens ({})", k.size(0)), slots.size(0));
+    check_slot_values(where, slots, kv);
   }
+  // The impl's own checks (metadata against the cache, its kernels' limits)
+  // run before the cache update too, so a rejected forward writes nothing.
+  impl_->check_forward(quant_, q, k, v, kv, metadata, out, lse);
 
   // Every argument is valid: from here on state changes.
   if (calculate_kv_scales_ && k.defined()) calc_kv_scales(q, k, v);

@@ -34,6 +34,13 @@ class FakeImpl final : public AttentionImpl {
  public:
   using AttentionImpl::AttentionImpl;
 
+  // Rejects what a real impl rejects about the metadata: ids past the cache.
+  void check_forward(const LayerQuantState&, const TensorView&, const TensorView&, const TensorView&,
+                     const KVCacheView& kv_cache, const BackendMetadata& metadata, const TensorView&,
+                     const TensorView&) const override {
+    metadata.common.validate("FakeAttentionImpl", kv_cache.defined() ? kv_cache.num_blocks() : 0);
+  }
+
   void forward(const LayerQuantState&, const TensorView& query, const TensorView&, const TensorView&,
                const KVCacheView& kv_cache, const BackendMetadata& metadata, const TensorView& output,
                const TensorView& lse) override {

@@ -58,6 +58,8 @@ TEST(KVCacheSpec, MaxMemoryUsage) {
 class ShapeOnlyImpl final : public AttentionImpl {
  public:
   using AttentionImpl::AttentionImpl;
+  void check_forward(const LayerQuantState&, const TensorView&, const TensorView&, const TensorView&,
+                     const KVCacheView&, const BackendMetadata&, const TensorView&, const TensorView&) const override {}
   void forward(const LayerQuantState&, const TensorView&, const TensorView&, const TensorView&,
                const KVCacheView&, const BackendMetadata&, const TensorView&, const TensorView&) override {}
   void do_kv_cache_update(const LayerQuantState&, const TensorView&, const TensorView&, const KVCacheView&,

@@ -198,6 +198,22 @@ DeviceAllocator& copy_allocator(Device a, Device b) {
   return device_allocator(b.type);
 }
 
+// Whether the view's elements are exactly the bytes it spans: a permutation
+// of a contiguous layout (size-1 dimensions ignored), with no gap or overlap.
+bool fills_its_span(const TensorView& t) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size) of the dims that step
+  for (int i = 0; i < t.dim(); ++i) {
+    if (t.size(i) != 1) dims.emplace_back(t.stride(i), t.size(i));
+  }
+  std::sort(dims.begin(), dims.end());
+  std::int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
 // Host copy of the bytes a view spans (starting at data()).
 std::vector<std::uint8_t> stage_to_host(const TensorView& t) {
   std::vector<std::uint8_t> host(t.span_bytes());
@@ -534,9 +550,10 @@ void copy_tensor(const TensorView& dst, const TensorView& src) {
         .copy(dst.data(), dst.device(), src.data(), src.device(), src.span_bytes());
     return;
   }
-  // Strided copies touching a device go through host images of both spans. The
-  // destination span is read back first so bytes inside it that do not belong
-  // to `dst` (gaps between strided rows) are written back unchanged.
+  // Strided copies touching a device go through host images of both spans. A
+  // destination with gaps (bytes inside its span that are not its elements) is
+  // read back first so the gaps are written back unchanged; a gapless one is
+  // not, since reading never-written device memory is what memory checkers flag.
   std::vector<std::uint8_t> src_host =
       src.device().is_cpu() ? std::vector<std::uint8_t>() : stage_to_host(src);
   const TensorView src_view = src.device().is_cpu() ? src : with_data(src, src_host.data(), Device::cpu());
@@ -544,7 +561,8 @@ void copy_tensor(const TensorView& dst, const TensorView& src) {
     copy_host_elements(dst, src_view);
     return;
   }
-  std::vector<std::uint8_t> dst_host = stage_to_host(dst);
+  std::vector<std::uint8_t> dst_host = fills_its_span(dst) ? std::vector<std::uint8_t>(dst.span_bytes())
+                                                           : stage_to_host(dst);
   copy_host_elements(with_data(dst, dst_host.data(), Device::cpu()), src_view);
   device_allocator(dst.device().type)
       .copy(dst.data(), dst.device(), dst_host.data(), Device::cpu(), dst_host.size());

@@ -356,14 +356,16 @@ class HostBackedDevice final : public DeviceAllocator {
  public:
   void* allocate(std::size_t bytes, Device) override { return host().allocate(bytes, Device::cpu()); }
   void deallocate(void* p, Device) noexcept override { host().deallocate(p, Device::cpu()); }
-  void copy(void* dst, Device, const void* src, Device, std::size_t bytes) override {
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override {
     ++copies;
+    if (dst_device.is_cpu() && !src_device.is_cpu()) ++reads;
     std::memmove(dst, src, bytes);
   }
   void memset(void* dst, Device, int value, std::size_t bytes) override { std::memset(dst, value, bytes); }
   int device_count() const override { return 2; }
   DeviceCapability capability(Device) const override { return {9, 0}; }
   int copies = 0;
+  int reads = 0;  // device-to-host copies
 
  private:
   static DeviceAllocator& host() { return device_allocator(DeviceType::CPU); }
@@ -404,6 +406,25 @@ TEST_F(TensorDeviceTest, TransfersAndStagedStridedCopies) {
   EXPECT_EQ(to_float_vector(wide.select(1, 1)), (std::vector<float>{0, 4, 8}));
   EXPECT_GT(device_.copies, 0);
   EXPECT_EQ(to_float_vector(Tensor::zeros({2}, DType::F16, Device::cuda(0))), std::vector<float>(2, 0.0f));
+}
+
+// Filling a gapless device view (a permuted layout such as an HND cache)
+// never reads it back: its bytes may never have been written, and memory
+// checkers report such reads. A view with gaps still keeps them.
+TEST_F(TensorDeviceTest, GaplessDeviceFillsReadNothingBack) {
+  const Tensor permuted = Tensor::empty_strided_order({2, 3, 4}, std::vector<int>{0, 2, 1}, DType::F32, Device::cuda(0));
+  ASSERT_FALSE(permuted.is_contiguous());
+  fill_tensor(permuted, 3.0f);
+  EXPECT_EQ(device_.reads, 0);
+  copy_tensor(permuted, Tensor::from_floats(iota_floats(24), {2, 3, 4}, DType::F32));
+  EXPECT_EQ(device_.reads, 0);
+  EXPECT_EQ(to_float_vector(permuted), iota_floats(24));
+
+  const Tensor wide = Tensor::from_floats(std::vector<float>(6, -1.0f), {2, 3}, DType::F32, Device::cuda(0));
+  const int reads_before = device_.reads;
+  fill_tensor(wide.slice(1, 0, 2), 5.0f);
+  EXPECT_GT(device_.reads, reads_before);
+  EXPECT_EQ(to_float_vector(wide), (std::vector<float>{5, 5, -1, 5, 5, -1}));
 }
 
 TEST(TensorChecks, MessagesNameArgumentExpectedAndActual) {

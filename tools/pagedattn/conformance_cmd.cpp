@@ -8,7 +8,7 @@ namespace {
 
 struct ConformanceOptions {
   std::string backend;
-  std::string filter;
+  std::vector<std::string> filters;
   std::string device = "cpu";
   int threads = 2;
   bool verbose = false;
@@ -21,7 +21,8 @@ ConformanceSummary run_one_backend(const AttentionBackend& backend, const Confor
     if (r.status == CaseStatus::Passed && !o.verbose) return;
     fmt::print("  {} {}{}{}\n", case_status_name(r.status), c.id(), r.message.empty() ? "" : ": ", r.message);
   };
-  const ConformanceSummary summary = run_conformance(backend, o.filter, device, on_case, o.threads);
+  const ConformanceSummary summary =
+      run_conformance(backend, std::span<const std::string>(o.filters), device, on_case, o.threads);
   fmt::print("  {}: {}\n", backend.name(), format_summary(summary));
   return summary;
 }
@@ -31,7 +32,7 @@ int run_conformance_command(const ConformanceOptions& o) {
   if (!device) throw_invalid("conformance", "--device", "cpu or cuda[:N]", o.device);
   if (o.list) {
     for (const ConformanceCase& c : conformance_grid()) {
-      if (c.id().find(o.filter) != std::string::npos) fmt::print("{}\n", c.id());
+      if (matches_any(c, o.filters)) fmt::print("{}\n", c.id());
     }
     return kExitOk;
   }
@@ -65,7 +66,8 @@ void add_conformance_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("conformance", "Run the conformance grid against the dense fp64 oracle");
   auto o = std::make_shared<ConformanceOptions>();
   cmd->add_option("--backend", o->backend, "Backend to check (default: every backend of the device)");
-  cmd->add_option("--filter", o->filter, "Run only cases whose id contains this text (an id reproduces one case)");
+  cmd->add_option("--filter", o->filters,
+                  "Run only cases whose id contains this text (an id reproduces one case); repeatable: any of them");
   cmd->add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Cases run in parallel")->capture_default_str()->check(CLI::Range(1, 256));
   cmd->add_flag("--verbose", o->verbose, "Print passing cases too");

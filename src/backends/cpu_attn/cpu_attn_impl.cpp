@@ -75,21 +75,34 @@ CpuAttnImpl::CpuAttnImpl(AttentionImplParams params)
   check_impl_params("CpuAttnImpl", params_);
 }
 
+ForwardShape CpuAttnImpl::check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                                const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                                const TensorView& output, const TensorView& lse) const {
+  const auto* md = dynamic_cast<const CpuAttnMetadata*>(&metadata);
+  check_arg(md != nullptr, kWhere, "metadata", "CPU_ATTN metadata (from its builder)", "another backend's metadata");
+  check_arg(md->num_kv_heads == params_.num_kv_heads, kWhere, "metadata num_kv_heads", params_.num_kv_heads,
+            md->num_kv_heads);
+  const DType output_dtypes[] = {params_.dtype};
+  return check_forward_args(kWhere, params_, Device::cpu(), layer, query, key, value, kv_cache, md->common, output,
+                            lse, output_dtypes);
+}
+
+void CpuAttnImpl::check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                                const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                                const TensorView& output, const TensorView& lse) const {
+  static_cast<void>(check(layer, query, key, value, kv_cache, metadata, output, lse));
+}
+
 void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                           const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
                           const TensorView& output, const TensorView& lse) {
-  const auto* md = dynamic_cast<const CpuAttnMetadata*>(&metadata);
-  check_arg(md != nullptr, kWhere, "metadata", "CPU_ATTN metadata (from its builder)", "another backend's metadata");
-  const CommonAttentionMetadata& common = md->common;
-  const cpu_attn::WorkPlan& plan = md->plan;
+  const ForwardShape shape = check(layer, query, key, value, kv_cache, metadata, output, lse);
+  const auto& md = static_cast<const CpuAttnMetadata&>(metadata);
+  const CommonAttentionMetadata& common = md.common;
+  const cpu_attn::WorkPlan& plan = md.plan;
   const int num_heads = params_.num_heads;
   const int kv_heads = params_.num_kv_heads;
   const int head_size = params_.head_size;
-  check_arg(md->num_kv_heads == kv_heads, kWhere, "metadata num_kv_heads", kv_heads, md->num_kv_heads);
-
-  const DType output_dtypes[] = {params_.dtype};
-  const ForwardShape shape = check_forward_args(kWhere, params_, Device::cpu(), layer, query, key, value, kv_cache,
-                                                common, output, lse, output_dtypes);
 
   cpu_attn::AttentionParams p;
   p.num_heads = num_heads;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <pagedattn/backend.h>
+#include <pagedattn/impl_checks.h>
 
 #include <string_view>
 
@@ -20,6 +21,9 @@ class CpuAttnImpl final : public AttentionImpl {
  public:
   explicit CpuAttnImpl(AttentionImplParams params);
 
+  void check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                     const TensorView& output, const TensorView& lse) const override;
   void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key, const TensorView& value,
                const KVCacheView& kv_cache, const BackendMetadata& metadata, const TensorView& output,
                const TensorView& lse) override;
@@ -28,6 +32,10 @@ class CpuAttnImpl final : public AttentionImpl {
   std::string_view class_name() const override { return "CpuAttnImpl"; }
 
  private:
+  ForwardShape check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                     const TensorView& output, const TensorView& lse) const;
+
   DType kv_storage_dtype_;
   bool dense_keys_;  // encoder / encoder-only: keys are the layer's own key/value rows
 };

@@ -112,6 +112,9 @@ class FlashImpl final : public AttentionImpl {
     if (!p.sinks.empty()) sinks_ = Tensor::from_floats(p.sinks, {p.num_heads}, DType::F32, p.device);
   }
 
+  void check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                     const TensorView& output, const TensorView& lse) const override;
   void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key, const TensorView& value,
                const KVCacheView& kv_cache, const BackendMetadata& metadata, const TensorView& output,
                const TensorView& lse) override;
@@ -122,14 +125,29 @@ class FlashImpl final : public AttentionImpl {
   std::string_view class_name() const override { return "CudaFlashAttentionImpl"; }
 
  private:
+  // What forward derives while checking its arguments.
+  struct CheckedForward {
+    const FlashMetadata* plan = nullptr;
+    int tokens = 0;
+    bool paged = false;
+    DType storage = DType::BF16;
+    bool fp8 = false;
+    std::int64_t num_blocks = 0;
+    int block_size = 0;
+  };
+  CheckedForward check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                       const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                       const TensorView& output, const TensorView& lse) const;
+
   const AttentionBackend& backend_;
   Tensor alibi_;
   Tensor sinks_;
 };
 
-void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
-                        const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
-                        const TensorView& output, const TensorView& lse) {
+FlashImpl::CheckedForward FlashImpl::check(const LayerQuantState& layer, const TensorView& query,
+                                            const TensorView& key, const TensorView& value,
+                                            const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                                            const TensorView& output, const TensorView& lse) const {
   const AttentionImplParams& p = params_;
   const auto* plan = dynamic_cast<const FlashMetadata*>(&metadata);
   check_arg(plan != nullptr, kForwardWhere, "metadata", "metadata built by the CUDA_FLASH builder",
@@ -195,6 +213,29 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   const bool per_head_scales = paged && fp8 && layer.k_scale.size(0) > 1;
   require_supported(backend_.plan_kernel(make_attention_problem(p, block_size, &common, lse.defined(), per_head_scales)),
                     backend_.name());
+  return {plan, tokens, paged, storage, fp8, num_blocks, block_size};
+}
+
+void FlashImpl::check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                              const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                              const TensorView& output, const TensorView& lse) const {
+  static_cast<void>(check(layer, query, key, value, kv_cache, metadata, output, lse));
+}
+
+void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                        const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                        const TensorView& output, const TensorView& lse) {
+  const CheckedForward checked = check(layer, query, key, value, kv_cache, metadata, output, lse);
+  const AttentionImplParams& p = params_;
+  const FlashMetadata* plan = checked.plan;
+  const CommonAttentionMetadata& common = metadata.common;
+  const int tokens = checked.tokens;
+  const bool paged = checked.paged;
+  const Device device = p.device;
+  const DType storage = checked.storage;
+  const bool fp8 = checked.fp8;
+  const std::int64_t num_blocks = checked.num_blocks;
+  const int block_size = checked.block_size;
   if (tokens == 0) return;
 
   FlashParams k;

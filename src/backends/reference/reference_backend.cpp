@@ -42,6 +42,9 @@ class ReferenceImpl final : public AttentionImpl {
                       backend_.name());
   }
 
+  void check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                     const TensorView& output, const TensorView& lse) const override;
   void forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
                const TensorView& output, const TensorView& lse) override;
@@ -56,9 +59,33 @@ class ReferenceImpl final : public AttentionImpl {
   std::string_view class_name() const override { return "ReferenceAttentionImpl"; }
 
  private:
+  ForwardShape check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                     const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
+                     const TensorView& output, const TensorView& lse) const;
+
   const ReferenceBackend& backend_;
   std::vector<double> scratch_;  // the kernel's working rows, sized by the largest call so far
 };
+
+ForwardShape ReferenceImpl::check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                                  const TensorView& value, const KVCacheView& kv_cache,
+                                  const BackendMetadata& metadata, const TensorView& output,
+                                  const TensorView& lse) const {
+  const std::vector<DType> output_dtypes = backend_.supported_dtypes();
+  const ForwardShape shape = check_forward_args(kForwardWhere, params_, Device::cpu(), layer, query, key, value,
+                                                kv_cache, metadata.common, output, lse, output_dtypes);
+  require_supported(backend_.plan_kernel(make_attention_problem(params_, shape.block_size, &metadata.common,
+                                                                lse.defined(), shape.per_head_kv_scales)),
+                    backend_.name());
+  return shape;
+}
+
+void ReferenceImpl::check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
+                                  const TensorView& value, const KVCacheView& kv_cache,
+                                  const BackendMetadata& metadata, const TensorView& output,
+                                  const TensorView& lse) const {
+  static_cast<void>(check(layer, query, key, value, kv_cache, metadata, output, lse));
+}
 
 void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                             const TensorView& value, const KVCacheView& kv_cache,
@@ -67,12 +94,7 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   const AttentionImplParams& p = params_;
   const CommonAttentionMetadata& common = metadata.common;
   const int tokens = common.num_actual_tokens;
-  const std::vector<DType> output_dtypes = backend_.supported_dtypes();
-  const ForwardShape shape = check_forward_args(kForwardWhere, p, Device::cpu(), layer, query, key, value, kv_cache,
-                                                common, output, lse, output_dtypes);
-  require_supported(backend_.plan_kernel(make_attention_problem(p, shape.block_size, &common, lse.defined(),
-                                                                shape.per_head_kv_scales)),
-                    backend_.name());
+  const ForwardShape shape = check(layer, query, key, value, kv_cache, metadata, output, lse);
 
   reference::ReferenceAttentionParams k;
   k.num_heads = p.num_heads;
