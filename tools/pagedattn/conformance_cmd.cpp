@@ -66,8 +66,11 @@ void add_conformance_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("conformance", "Run the conformance grid against the dense fp64 oracle");
   auto o = std::make_shared<ConformanceOptions>();
   cmd->add_option("--backend", o->backend, "Backend to check (default: every backend of the device)");
+  // One text per --filter, taken whole: ids are bracketed, which CLI11 would
+  // otherwise split at their commas as a list.
   cmd->add_option("--filter", o->filters,
-                  "Run only cases whose id contains this text (an id reproduces one case); repeatable: any of them");
+                  "Run only cases whose id contains this text (an id reproduces one case); repeatable: any of them")
+      ->allow_extra_args(false);
   cmd->add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Cases run in parallel")->capture_default_str()->check(CLI::Range(1, 256));
   cmd->add_flag("--verbose", o->verbose, "Print passing cases too");

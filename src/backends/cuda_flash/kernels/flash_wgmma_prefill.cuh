@@ -186,20 +186,23 @@ __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, i
   // only at the buffers' mbarriers, not at a CTA barrier per step. A tile's
   // buffer is read from step t (K) to t + 1 (V), so copies run kAhead tiles
   // ahead into the buffer of tile t - 2 once both warpgroups released it.
+  // Every copy into a used buffer waits for its release, the prologue's too:
+  // those phases completed before the previous pass's CTA barrier, so the wait
+  // returns at once, but a thread must observe a phase complete before it
+  // arrives on the barrier's next one (compute-sanitizer's synccheck reports
+  // the arrival otherwise).
   constexpr int kAhead = L::kStages - 2;
   const int steps = max(num_tiles, 1);
   RunStart run = walker.locate(0);
   const auto copy_tile = [&](int c) {
     const int gt = sync.seq + c;
     const int buf = gt % L::kStages;
-    if (c >= kAhead && gt >= L::kStages) mbarrier_wait(&sync.empty[buf], (gt / L::kStages - 1) & 1);
+    if (gt >= L::kStages) mbarrier_wait(&sync.empty[buf], (gt / L::kStages - 1) & 1);
     issue_tile(c, buf, run);
     cp_async_arrive(&sync.full[buf]);
     cp_async_commit();
     run = walker.locate(c + 1);
   };
-  // The prologue's buffers were released before the pass began (its CTA
-  // barrier follows every MMA of the previous pass).
   for (int c = 0; c < kAhead && c < steps; ++c) copy_tile(c);
   cp_async_wait<0>();  // the queries (and the first tiles)
   fence_proxy_async_shared();
