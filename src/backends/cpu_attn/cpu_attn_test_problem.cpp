@@ -46,6 +46,7 @@ std::string LayerSpec::describe() const {
   std::string s =
       fmt::format("h{}/{} d{} bs{} {} kv={}{} {}", heads, kv_heads, head_size, block_size, dtype_name(dtype),
                   cache_dtype_name(cache), per_head_scales ? "/head" : "", kv_cache_layout_name(layout));
+  if (!causal) s += " noncausal";
   if (window) s += fmt::format(" win={}", *window);
   if (soft_cap) s += fmt::format(" cap={}", *soft_cap);
   if (scale) s += fmt::format(" scale={}", *scale);
@@ -130,6 +131,7 @@ ForwardResult PagedProblem::run(const AttentionBackend& backend) const {
   }
   MetadataOptions options;
   options.block_size = spec_.block_size;
+  options.causal = spec_.causal;
   const CommonAttentionMetadata common = make_common_metadata(specs, options);
 
   const std::int64_t num_blocks = 1 + static_cast<std::int64_t>(requests_.size()) * blocks_per_request_;

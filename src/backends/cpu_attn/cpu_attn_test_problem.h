@@ -41,6 +41,7 @@ struct LayerSpec {
   CacheDType cache = CacheDType::Auto;
   bool per_head_scales = false;  // fp8: [Hkv] scales
   KVCacheLayout layout = KVCacheLayout::NHD;
+  bool causal = true;
   std::optional<int> window;
   std::optional<float> soft_cap;
   std::optional<float> scale;  // default head_size^-0.5
