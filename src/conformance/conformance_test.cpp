@@ -6,6 +6,8 @@
 #include <limits>
 #include <set>
 
+#include "backends/cpu_attn/cpu_attn_plan.h"
+#include "backends/cuda_flash/flash_planner.h"
 #include "backends/reference/reference_backend.h"
 
 namespace pagedattn {
@@ -87,6 +89,64 @@ TEST(ConformanceGridTest, CoversTheRequiredAxes) {
       any([](const ConformanceCase& c) { return !c.causal && c.attn_type == AttentionType::Decoder; }));
 }
 
+// The shapes of real models: large GQA groups and MQA at head sizes 128 and
+// 256 with bf16 prefill tiles of at least 16 query tokens (an item's rows are
+// its tokens x the group), and the head sizes that are not powers of two.
+TEST(ConformanceGridTest, CoversRealModelShapes) {
+  const auto& cases = grid();
+  auto any = [&](auto pred) { return std::any_of(cases.begin(), cases.end(), pred); };
+  const auto has_tile = [](const ConformanceCase& c) {
+    return std::any_of(c.batch.requests.begin(), c.batch.requests.end(),
+                       [](const auto& r) { return r.first >= cpu_attn::kQueryTileTokens; });
+  };
+  for (const auto& [h, hkv] : {std::pair{17, 1}, {32, 1}, {48, 1}, {64, 1}, {64, 8}}) {
+    for (const int d : {128, 256}) {
+      const bool covered = any([&](const ConformanceCase& c) {
+        return c.num_heads == h && c.num_kv_heads == hkv && c.head_size == d && c.dtype == DType::BF16 &&
+               c.kv_cache_dtype == CacheDType::Auto && has_tile(c);
+      });
+      EXPECT_TRUE(covered) << h << "/" << hkv << " d" << d;
+    }
+  }
+  for (const int d : {72, 80, 88, 96, 112, 192, 256}) {
+    for (const bool prefill : {false, true}) {
+      EXPECT_TRUE(any([&](const ConformanceCase& c) { return c.head_size == d && has_tile(c) == prefill; }))
+          << d << (prefill ? " prefill" : " decode");
+    }
+  }
+}
+
+// Requests past the backends' split thresholds: CPU_ATTN splits requests of
+// at most kSplitMaxQueryTokens tokens every kSplitKeys keys; CUDA_FLASH
+// splits into at most kMaxSplits parts of at least kMinKeysPerSplit keys.
+TEST(ConformanceGridTest, CoversLongContextsPastTheSplitThresholds) {
+  const auto& cases = grid();
+  const auto has_request = [&](auto pred) {
+    return std::any_of(cases.begin(), cases.end(), [&](const ConformanceCase& c) {
+      return c.attn_type == AttentionType::Decoder &&
+             std::any_of(c.batch.requests.begin(), c.batch.requests.end(),
+                         [&](const auto& r) { return pred(r.first, r.second); });
+    });
+  };
+  constexpr int kSplitTokens = cpu_attn::kSplitMaxQueryTokens;
+  constexpr int kSplit = cpu_attn::kSplitKeys;
+  EXPECT_TRUE(has_request([](int q, int k) { return q == 1 && k == kSplit; }));
+  EXPECT_TRUE(has_request([](int q, int k) { return q == 1 && k == kSplit + 1; }));
+  EXPECT_TRUE(has_request([](int q, int k) { return q == kSplitTokens && k > 2 * kSplit; }));
+  EXPECT_TRUE(has_request([](int q, int k) { return q == kSplitTokens + 1 && k > kSplit; }));
+  EXPECT_TRUE(
+      has_request([](int q, int k) { return q > 1 && q <= cuda_flash::kDecodeMaxTokens && k > kSplit; }));
+  EXPECT_TRUE(has_request([](int q, int k) { return q >= cpu_attn::kQueryTileTokens && k > kSplit; }));
+  EXPECT_TRUE(has_request(
+      [](int q, int k) { return q == 1 && k > cuda_flash::kMaxSplits * cuda_flash::kMinKeysPerSplit; }));
+  // A window over a split decode: splits that see no key.
+  EXPECT_TRUE(std::any_of(cases.begin(), cases.end(), [](const ConformanceCase& c) {
+    return c.sliding_window &&
+           std::any_of(c.batch.requests.begin(), c.batch.requests.end(),
+                       [](const auto& r) { return r.first <= kSplitTokens && r.second > 2 * kSplit; });
+  }));
+}
+
 // One case per feature, against REFERENCE.
 TEST(ConformanceReferenceTest, FeatureSamplesPass) {
   for (const char* fragment : {"[decoder,", "bs1,",           "bs128,",
@@ -145,14 +205,15 @@ TEST(ConformanceReferenceTest, SeveralIdsRunExactlyThoseCases) {
 // ---- a deliberately broken backend must be caught ----
 
 enum class Defect {
-  PerturbOneElement,  // one output element off by far more than the tolerance
-  SkipLastRow,        // the last real row is never written
-  WriteGuardRow,      // writes the row before the output
-  WritePaddedRow,     // writes a row past num_actual_tokens
-  Nondeterministic,   // the second call differs by one ulp
-  WriteNullBlock,     // stores into block 0 of the cache
-  CorruptLse,         // wrong LSE
-  NoSinks,            // declares no sink support
+  PerturbOneElement,    // one output element off by far more than the tolerance
+  SkipLastRow,          // the last real row is never written
+  WriteGuardRow,        // writes the row before the output
+  WritePaddedRow,       // writes a row past num_actual_tokens
+  Nondeterministic,     // the second call differs by one ulp
+  WriteNullBlock,       // stores into block 0 of the cache
+  CorruptLse,           // wrong LSE
+  NoSinks,              // declares no sink support
+  PowerOfTwoHeadSizes,  // declares head sizes 64, 128 and 256 only
 };
 
 class BrokenImpl final : public AttentionImpl {
@@ -204,6 +265,7 @@ class BrokenImpl final : public AttentionImpl {
         if (lse.defined()) *static_cast<float*>(lse.data()) += 1.0f;
         break;
       case Defect::NoSinks:
+      case Defect::PowerOfTwoHeadSizes:
         break;
     }
   }
@@ -226,6 +288,12 @@ class BrokenBackend final : public ReferenceBackend {
   explicit BrokenBackend(Defect defect) : defect_(defect) {}
   std::string_view name() const override { return "BROKEN"; }
   bool supports_sink() const override { return defect_ != Defect::NoSinks; }
+  std::optional<std::string> head_size_rule(int head_size) const override {
+    if (defect_ == Defect::PowerOfTwoHeadSizes && head_size != 64 && head_size != 128 && head_size != 256) {
+      return "head_size must be 64, 128 or 256";
+    }
+    return ReferenceBackend::head_size_rule(head_size);
+  }
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override {
     return std::make_unique<BrokenImpl>(ReferenceBackend::make_impl(params), defect_);
   }
@@ -264,6 +332,9 @@ TEST(ConformanceCheckerTest, UnsupportedCasesAreSkipped) {
   const CaseResult r = run_broken(Defect::NoSinks, "sinks");
   EXPECT_EQ(r.status, CaseStatus::Skipped);
   EXPECT_NE(r.message.find("attention sinks not supported"), std::string::npos) << r.message;
+  const CaseResult narrow = run_broken(Defect::PowerOfTwoHeadSizes, ",d88,");
+  EXPECT_EQ(narrow.status, CaseStatus::Skipped);
+  EXPECT_NE(narrow.message.find("head_size"), std::string::npos) << narrow.message;
   const CaseResult elsewhere = run_conformance_case(kReference, grid().front(), Device::cuda(0));
   EXPECT_EQ(elsewhere.status, CaseStatus::Skipped);
   EXPECT_NE(elsewhere.message.find("runs on cpu"), std::string::npos) << elsewhere.message;

@@ -53,6 +53,20 @@ std::vector<BatchSpec> make_batch_specs() {
       // Cross-attention: (decoder query_len, encoder length); queries may outnumber keys.
       {"cross_small", {{1, 32}, {5, 48}}},
       {"cross_prefill", {{8, 32}, {20, 7}, {3, 130}}},
+      // Large GQA groups and MQA: prefill tiles of 16 query tokens (16 x the
+      // group rows in one item) beside a fresh prompt, and a decode, a
+      // speculative step and a tile of 16 tokens plus one.
+      {"gqa_prefill", {{16, 48}, {20, 20}}},
+      {"gqa_mixed", {{1, 100}, {4, 60}, {17, 80}}},
+      // Long contexts past the split thresholds: CPU_ATTN splits requests of
+      // at most 8 query tokens every 1536 keys (kSplitKeys, on and around the
+      // edges here; 9 tokens are not split); CUDA_FLASH splits from 256 keys
+      // up to 64 ways (kMinKeysPerSplit, kMaxSplits: 16384 keys), beyond which
+      // its splits grow longer.
+      {"split_edges", {{1, 1536}, {1, 1537}, {8, 3073}, {9, 1540}}},
+      {"split_gqa", {{1, 1700}, {1, 1600}}},
+      {"long_mixed", {{1, 4000}, {4, 3100}, {16, 1600}}},
+      {"long_decode", {{1, 17000}}},
   };
 }
 
@@ -354,6 +368,119 @@ void noncausal_decoder_sweep(GridBuilder& g) {
   }
 }
 
+// Large GQA groups (17 and more query heads per KV head), MQA and
+// Llama-70B's 64 / 8 at head sizes 128 and 256, three ways: bf16 prefill
+// tiles (the AVX512-BF16 prefill paths), f16 / f32 mixed batches with a
+// scoring feature, and a bf16 model over an fp8 cache.
+void large_group_sweep(GridBuilder& g) {
+  constexpr std::array<std::pair<int, int>, 5> kGroups{{{17, 1}, {32, 1}, {48, 1}, {64, 1}, {64, 8}}};
+  constexpr std::array kSizes{128, 256};
+  constexpr std::array kFp8{CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
+  std::size_t n = 0;
+  for (int variant = 0; variant < 3; ++variant) {
+    for (const int d : kSizes) {
+      for (const auto& [h, hkv] : kGroups) {
+        ConformanceCase c = with_shape({h, hkv, d}, kBlockSizes[n % kBlockSizes.size()]);
+        c.layout = kLayouts[n % kLayouts.size()];
+        c.want_lse = true;
+        if (variant == 0) {
+          c.batch = conformance_batch_spec("gqa_prefill");
+        } else {
+          c.batch = conformance_batch_spec("gqa_mixed");
+        }
+        if (variant == 1) {
+          c.dtype = n % 2 == 0 ? DType::F16 : DType::F32;
+          switch (n % 4) {
+            case 0:
+              c.alibi = true;
+              break;
+            case 1:
+              c.sinks = true;
+              break;
+            case 2:
+              c.sliding_window = kWindow;
+              break;
+            default:
+              c.soft_cap = kSoftCap;
+              c.scale = kSoftCapScale;
+          }
+        }
+        if (variant == 2) {
+          c.kv_cache_dtype = kFp8[n % kFp8.size()];
+          c.per_head_kv_scales = n % 3 == 0;
+        }
+        g.add(c);
+        ++n;
+      }
+    }
+  }
+}
+
+// Head sizes of real models that are not powers of two (72, 80, 88, 96, 112,
+// 192) and 256, with decodes and prefills: a group of 4 (decode rows in the
+// chunked paths) and one of 16 (every item in the prefill paths).
+void head_size_sweep(GridBuilder& g) {
+  constexpr std::array kSizes{72, 80, 88, 96, 112, 192, 256};
+  constexpr std::array<std::pair<int, int>, 2> kShapeHeads{{{8, 2}, {16, 1}}};
+  constexpr std::array kBatches{"mixed_small",   "medium_prefill_div8", "gqa_mixed",         "block_edges",
+                                "fresh_prefill", "mixed_medium_div8",   "large_decode_div16"};
+  std::size_t n = 0;
+  for (int variant = 0; variant < 2; ++variant) {
+    for (const int d : kSizes) {
+      for (const auto& [h, hkv] : kShapeHeads) {
+        ConformanceCase c = with_shape({h, hkv, d}, kBlockSizes[(n + 1) % kBlockSizes.size()]);
+        c.dtype = kDTypes[n % kDTypes.size()];
+        c.layout = kLayouts[(n / 2) % kLayouts.size()];
+        c.want_lse = n % 2 == 0;
+        c.strided_qkv = n % 5 == 2;
+        if (variant == 1 && n % 2 == 1) {
+          c.kv_cache_dtype = n % 4 == 1 ? CacheDType::Fp8E4M3 : CacheDType::Fp8E5M2;
+          c.per_head_kv_scales = n % 3 == 0;
+        }
+        g.add_rotating(c, kBatches, n);
+        ++n;
+      }
+    }
+  }
+}
+
+// Long contexts past every split threshold (the batches' comments), each
+// batch with shapes it fits the budget with: a plain case, one with a window
+// that leaves most splits of a request without a visible key, one with sinks
+// (counted once over the splits) and one over an fp8 cache.
+void long_context_sweep(GridBuilder& g) {
+  struct LongContext {
+    const char* batch;
+    std::array<Shape, 4> shapes;
+  };
+  const std::array<LongContext, 4> kLongContexts{{
+      {"split_edges", {{{4, 1, 128}, {8, 2, 64}, {4, 2, 80}, {8, 1, 72}}}},
+      {"long_mixed", {{{8, 2, 64}, {4, 1, 128}, {6, 2, 88}, {4, 2, 96}}}},
+      {"long_decode", {{{8, 2, 64}, {4, 1, 128}, {12, 1, 64}, {8, 1, 128}}}},
+      {"split_gqa", {{{32, 1, 128}, {64, 8, 128}, {17, 1, 256}, {64, 1, 128}}}},
+  }};
+  constexpr std::array kFp8{CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
+  std::size_t n = 0;
+  for (std::size_t b = 0; b < kLongContexts.size(); ++b) {
+    for (std::size_t variant = 0; variant < 4; ++variant) {
+      ConformanceCase c =
+          with_shape(kLongContexts[b].shapes[variant], kBlockSizes[(variant + b) % kBlockSizes.size()]);
+      c.batch = conformance_batch_spec(kLongContexts[b].batch);
+      c.dtype = kDTypes[n % kDTypes.size()];
+      c.layout = kLayouts[(variant + b) / 2 % kLayouts.size()];
+      c.want_lse = true;
+      if (variant == 1) c.sliding_window = kWindow;
+      if (variant == 2) c.sinks = true;
+      if (variant == 3) {
+        c.kv_cache_dtype = kFp8[b % kFp8.size()];
+        c.per_head_kv_scales = n % 3 == 0;
+      }
+      g.add(c);
+      ++n;
+    }
+  }
+}
+
 // vLLM's batches at their real size, on small head counts (and Llama-3-8B's
 // heads where the budget allows).
 void real_size_sweep(GridBuilder& g) {
@@ -418,6 +545,9 @@ std::vector<ConformanceCase> conformance_grid() {
   cross_sweep(g);
   noncausal_decoder_sweep(g);
   real_size_sweep(g);
+  large_group_sweep(g);
+  head_size_sweep(g);
+  long_context_sweep(g);
   return g.take();
 }
 

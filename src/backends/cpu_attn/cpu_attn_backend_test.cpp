@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu_attn/cpu_attn_plan.h"
+#include "backends/cpu_attn/cpu_attn_test_problem.h"
 #include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/thread_pool.h"
@@ -32,18 +33,7 @@ namespace {
 
 const CpuAttnBackend kBackend;
 
-// Runs check(isa) with each ISA this CPU runs active, stopping at the first
-// fatal failure, and puts the active ISA back.
-template <class F>
-void for_each_isa(F check) {
-  const cpu_attn::Isa saved = cpu_attn::active_isa();
-  for (const cpu_attn::Isa isa : cpu_attn::available_isas()) {
-    ASSERT_TRUE(cpu_attn::set_isa(isa));
-    check(isa);
-    if (::testing::Test::HasFatalFailure()) break;
-  }
-  cpu_attn::set_isa(saved);
-}
+using cpu_attn_test::for_each_isa;
 
 // The impl arguments of a bf16 decoder layer with a `cache` KV cache.
 AttentionImplParams bf16_layer(int heads, int kv_heads, int head_size, CacheDType cache) {

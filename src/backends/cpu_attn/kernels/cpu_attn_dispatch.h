@@ -17,14 +17,15 @@ namespace pagedattn::cpu_attn {
 // accumulators' load and store, the softmax's row state): docs/perf.md,
 // attempt 50.
 inline constexpr int kTileKeys = 64;
-// Floats after the score tile: the AVX2 four-row score pass writes four rows
-// of one key past the tile's last column.
-inline constexpr int kScorePadFloats = 4;
 // Head sizes are multiples of this (the backend's head_size_rule).
 inline constexpr int kMinHeadSizeMultiple = 8;
 // The score tile holds its rows in blocks of this many (the AVX-512 decode
 // tiles store each block key-step-major), so it is sized for whole blocks.
 inline constexpr int kScoreRowBlock = 4;
+// Floats after the score tile: the AVX2 four-row score pass (three keys per
+// pass, so a 64-key tile's last pass has one key in it) writes four rows of
+// two keys past the tile's last column.
+inline constexpr int kScorePadFloats = 2 * kScoreRowBlock;
 
 // Floats of a score tile for `rows` rows.
 inline constexpr std::size_t score_tile_floats(std::size_t rows) {

@@ -727,7 +727,10 @@ void finish_row(const AttentionParams& p, int token, int head, float m, float l,
   auto* out = static_cast<unsigned char*>(p.output) +
               (token * p.output_row_stride + head * p.output_head_stride) * static_cast<std::int64_t>(dtype_size(out_dtype));
   float* lse = p.lse == nullptr ? nullptr : p.lse + head * p.lse_head_stride + token * p.lse_token_stride;
-  if (m == neg_inf()) {  // no visible key: zeros, LSE -inf (also with a sink)
+  // No visible key: zeros, LSE -inf (also with a sink). A row whose every
+  // visible score was NaN can end with m = -inf too (a max may drop NaN), but
+  // its sum is NaN (the softmaxes give it a NaN alpha): it comes out NaN.
+  if (m == neg_inf() && !std::isnan(l)) {
     store_output_row(out_dtype, out, nullptr, 0.0f, d_size);
     if (lse != nullptr) *lse = neg_inf();
     return;
@@ -1151,17 +1154,17 @@ void RunMerge(const AttentionParams& p, const MergeItem& item, const PartialStat
     float m = neg_inf();
     for (int s = 0; s < item.num_splits; ++s) m = std::max(m, first[s * split_floats + r * row_floats + d_size]);
     float* acc = first + r * row_floats;
+    // Also when m is -inf: a split whose visible scores were all NaN has
+    // m = -inf and a NaN sum, which makes l NaN (finish_row).
     float l = 0.0f;
-    if (m != neg_inf()) {
-      for (int s = 0; s < item.num_splits; ++s) {
-        const float* part = first + s * split_floats + r * row_floats;
-        const float w = part[d_size] == neg_inf() ? 0.0f : std::exp(part[d_size] - m);
-        l += part[d_size + 1] * w;
-        if (s == 0) {
-          for (int e = 0; e < d_size; ++e) acc[e] *= w;
-        } else {
-          for (int e = 0; e < d_size; ++e) acc[e] += part[e] * w;
-        }
+    for (int s = 0; s < item.num_splits; ++s) {
+      const float* part = first + s * split_floats + r * row_floats;
+      const float w = part[d_size] == neg_inf() ? 0.0f : std::exp(part[d_size] - m);
+      l += part[d_size + 1] * w;
+      if (s == 0) {
+        for (int e = 0; e < d_size; ++e) acc[e] *= w;
+      } else {
+        for (int e = 0; e < d_size; ++e) acc[e] += part[e] * w;
       }
     }
     const int token = first_token + item.q_begin + r / group;

@@ -66,11 +66,13 @@ HWY_INLINE void for_each_index(std::integer_sequence<int, kIndex...>, F&& f) {
 // accumulators, one query vector and three key vectors live: AVX2's 16
 // registers, each query load feeding three FMAs). The last pass repeats key
 // n - 1 in up to two columns from n on (the next block's scores, or
-// kScorePadFloats, take the one past the tile), which the softmax masks.
+// kScorePadFloats, take those past the tile), which the softmax masks.
 template <DType KV, bool kNanFree, class D>
 void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsigned char* const* k_rows,
                  float* st, const TilePrefetch* ahead) {
   constexpr int kKeys = 3;
+  static_assert(((kTileKeys + kKeys - 1) / kKeys * kKeys - kTileKeys) * kRowBlock <= kScorePadFloats,
+                "the last block's last pass writes into the score tile's padding");
   const int lanes = static_cast<int>(hn::Lanes(d));
   const float* q[kRowBlock];
   for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + r) * d_size;

@@ -134,6 +134,12 @@ HWY_INLINE __m512i KeyPairIndex() {
 // fp32 loop. Rows in pairs x kPvVectors vectors (16 accumulators); d_size a
 // multiple of kPvVectors * 16.
 constexpr int kPvVectors = 8;
+// A row's probabilities as bf16 pairs overwrite the first half of its own row
+// of the score tile: their size follows the rows, as the score tile's does
+// (the [D, kTileKeys] K tile buffer holds only 2 D rows of them).
+HWY_INLINE std::uint32_t* ProbPairsRow(const Scratch& sc, int r) {
+  return reinterpret_cast<std::uint32_t*>(sc.s + static_cast<std::size_t>(r) * kTileKeys);
+}
 PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_size, int n,
                                             const unsigned char* const* v_rows) {
   // Pack: pair j holds keys 2j and 2j + 1 (a missing key reads as zero).
@@ -152,21 +158,22 @@ PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_s
       _mm512_store_si512(dst + kBf16PerVector, _mm512_permutex2var_epi16(va, hi_idx, vb));
     }
   }
-  // Probabilities as bf16 pairs, one row of kTileKeys / 2 pairs per row, in sc.kt.
-  auto* pb = reinterpret_cast<std::uint32_t*>(sc.kt);
+  // Probabilities as bf16 pairs, in place: each store lands on floats its
+  // loads (this step's or an earlier one's) already read.
   for (int r = 0; r < rows; ++r) {
     const float* prob = sc.s + r * kTileKeys;
+    std::uint32_t* pairs_row = ProbPairsRow(sc, r);
     for (int i = 0; i < kTileKeys; i += 2 * kFloatsPerVector) {
       const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + i + kFloatsPerVector), _mm512_load_ps(prob + i));
-      _mm512_store_si512(pb + r * (kTileKeys / 2) + i / 2, (__m512i)packed);
+      _mm512_store_si512(pairs_row + i / 2, (__m512i)packed);
     }
   }
   for (int r0 = 0; r0 < rows; r0 += 2) {
     const int r1 = std::min(r0 + 1, rows - 1);  // an odd last row is computed twice, stored once
     float* a0 = sc.acc + r0 * d_size;
     float* a1 = sc.acc + r1 * d_size;
-    const std::uint32_t* p0 = pb + r0 * (kTileKeys / 2);
-    const std::uint32_t* p1 = pb + r1 * (kTileKeys / 2);
+    const std::uint32_t* p0 = ProbPairsRow(sc, r0);
+    const std::uint32_t* p1 = ProbPairsRow(sc, r1);
     const __m512 alpha0 = _mm512_set1_ps(sc.alpha[r0]);
     const __m512 alpha1 = _mm512_set1_ps(sc.alpha[r1]);
     for (int c0 = 0; c0 < d_size; c0 += kPvVectors * kFloatsPerVector) {
@@ -658,6 +665,10 @@ HWY_INLINE __mmask16 WholeRows(__mmask16 lanes) {
 // DecodeProbIndex(j) + 2r holds row r's pair j (the order vcvtne2ps2bf16 gives
 // two score-step vectors).
 constexpr int kProbBlockDwords = kRowBlock * kTileKeys / 2;
+// In the [D, kTileKeys] K tile buffer, which holds them: decode tiles have
+// fewer than kTransposeMinRows rows and head sizes multiples of kDecodeChunk.
+static_assert((kTransposeMinRows + kRowBlock - 1) / kRowBlock * kProbBlockDwords <= kDecodeChunk * kTileKeys,
+              "a decode tile's probability blocks fit the K tile buffer");
 HWY_INLINE std::uint32_t* DecodeProbBlock(const Scratch& sc, int r0) {
   return reinterpret_cast<std::uint32_t*>(sc.kt) + r0 / kRowBlock * kProbBlockDwords;
 }
