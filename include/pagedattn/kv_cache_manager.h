@@ -124,6 +124,9 @@ class KVCacheManager {
   RequestState& state(RequestId id, const char* where);
   const RequestState& state(RequestId id, const char* where) const;
   void extend_hashes(RequestState& r, int num_full_blocks) const;
+  // num_blocks_needed's arguments checked and counted; errors name `where`.
+  int blocks_needed(const RequestState& r, int num_new_tokens, const ComputedBlocks& computed,
+                    const char* where) const;
   // Throws InvalidArgument unless `computed` is the request's cached prefix
   // as get_computed_blocks returns it.
   void check_adoptable(const RequestState& r, const ComputedBlocks& computed, const char* where) const;

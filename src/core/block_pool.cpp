@@ -64,8 +64,11 @@ double BlockPool::usage() const {
 }
 
 void BlockPool::check_block(std::int32_t block, const char* where) const {
-  check_arg(block >= 0 && block < num_blocks(), where, "block", fmt::format("in [0, {})", num_blocks()),
-            block);
+  // Called per block on every allocation and lookup: the message is only
+  // formatted on failure.
+  if (block < 0 || block >= num_blocks()) {
+    throw_invalid(where, "block", fmt::format("in [0, {})", num_blocks()), std::to_string(block));
+  }
 }
 
 void BlockPool::queue_remove(std::int32_t block) {

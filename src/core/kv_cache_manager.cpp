@@ -128,25 +128,35 @@ ComputedBlocks KVCacheManager::get_computed_blocks(RequestId id) {
 int KVCacheManager::num_blocks_needed(RequestId id, int num_new_tokens,
                                       const ComputedBlocks& computed) const {
   constexpr const char* kWhere = "KVCacheManager::num_blocks_needed";
-  const RequestState& r = state(id, kWhere);
-  check_arg(num_new_tokens >= 0, kWhere, "num_new_tokens", ">= 0", num_new_tokens);
+  return blocks_needed(state(id, kWhere), num_new_tokens, computed, kWhere);
+}
+
+int KVCacheManager::blocks_needed(const RequestState& r, int num_new_tokens, const ComputedBlocks& computed,
+                                  const char* where) const {
+  // Every step of every request comes through here: messages are only
+  // formatted on failure.
+  if (num_new_tokens < 0) throw_invalid(where, "num_new_tokens", ">= 0", std::to_string(num_new_tokens));
   // In int64: blocks * block_size overflows int for a forged `computed`.
   const std::int64_t computed_tokens =
       static_cast<std::int64_t>(computed.blocks.size()) * options_.block_size;
-  check_arg(computed.num_tokens == computed_tokens, kWhere, "computed.num_tokens",
-            fmt::format("blocks * block_size ({})", computed_tokens), computed.num_tokens);
+  if (computed.num_tokens != computed_tokens) {
+    throw_invalid(where, "computed.num_tokens", fmt::format("blocks * block_size ({})", computed_tokens),
+                  std::to_string(computed.num_tokens));
+  }
   const bool adopting = !computed.blocks.empty();
   if (adopting) {
-    check_arg(r.blocks.empty(), kWhere, "computed", "empty for a request holding blocks",
+    check_arg(r.blocks.empty(), where, "computed", "empty for a request holding blocks",
               fmt::format("{} blocks", computed.blocks.size()));
-    check_adoptable(r, computed, kWhere);
+    check_adoptable(r, computed, where);
   }
   const int num_computed = adopting ? computed.num_tokens : r.num_computed;
   // tokens.size() <= INT_MAX (add_request, append_tokens) and num_computed <=
   // it, so neither the difference nor the total below overflows.
   const int uncomputed = static_cast<int>(r.tokens.size()) - num_computed;
-  check_arg(num_new_tokens <= uncomputed, kWhere, "num_new_tokens",
-            fmt::format("<= {} (tokens not yet computed)", uncomputed), num_new_tokens);
+  if (num_new_tokens > uncomputed) {
+    throw_invalid(where, "num_new_tokens", fmt::format("<= {} (tokens not yet computed)", uncomputed),
+                  std::to_string(num_new_tokens));
+  }
   const int total = num_computed + num_new_tokens;
   const int held = adopting ? static_cast<int>(computed.blocks.size()) : static_cast<int>(r.blocks.size());
   int needed = std::max(0, blocks_for(total) - held);
@@ -183,9 +193,10 @@ bool KVCacheManager::can_fit(int num_tokens) const {
 }
 
 bool KVCacheManager::allocate_slots(RequestId id, int num_new_tokens, const ComputedBlocks& computed) {
-  const int needed = num_blocks_needed(id, num_new_tokens, computed);
+  constexpr const char* kWhere = "KVCacheManager::allocate_slots";
+  RequestState& r = state(id, kWhere);
+  const int needed = blocks_needed(r, num_new_tokens, computed, kWhere);
   if (needed > pool_.num_free_blocks()) return false;
-  RequestState& r = state(id, "KVCacheManager::allocate_slots");
   if (!computed.blocks.empty()) {
     pool_.touch(computed.blocks);
     r.blocks = computed.blocks;

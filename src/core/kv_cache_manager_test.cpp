@@ -79,8 +79,12 @@ TEST(KVCacheManager, RejectsBadInput) {
   expect_invalid([&] { m.add_request(2, {}); }, "prompt");
   m.add_request(1, iota_tokens(10));
   expect_invalid([&] { m.add_request(1, iota_tokens(10)); }, "request");
-  expect_invalid([&] { m.allocate_slots(1, -1); }, "num_new_tokens");
-  expect_invalid([&] { m.allocate_slots(1, 11); }, "num_new_tokens");
+  // Errors name the function called (allocate_slots once said num_blocks_needed).
+  expect_invalid([&] { m.allocate_slots(1, -1); },
+                 "KVCacheManager::allocate_slots: num_new_tokens must be >= 0");
+  expect_invalid([&] { m.allocate_slots(1, 11); },
+                 "KVCacheManager::allocate_slots: num_new_tokens must be <= 10");
+  expect_invalid([&] { m.num_blocks_needed(1, -1); }, "KVCacheManager::num_blocks_needed: num_new_tokens");
   ASSERT_TRUE(m.allocate_slots(1, 4));
   expect_invalid([&] { m.get_computed_blocks(1); }, "request");
   expect_invalid([&] { m.request_spec(1, 5); }, "query_len");
