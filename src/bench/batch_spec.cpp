@@ -48,9 +48,24 @@ class Cursor {
   std::size_t pos_ = 0;
 };
 
+// The group as the message quotes it: bytes outside printable ASCII as \xNN,
+// since a NUL would end what() before the expected and the given value.
+std::string printable(std::string_view group) {
+  std::string out;
+  for (const char ch : group) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (std::isprint(byte) != 0 && ch != '\\') {
+      out += ch;
+    } else {
+      out += fmt::format("\\x{:02x}", byte);
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void bad_group(std::string_view group, std::string_view why) {
-  throw_invalid(kWhere, fmt::format("group '{}'", group), "[count]q<q_len>[s<seq_len>] with optional k suffixes",
-                std::string(why));
+  throw_invalid(kWhere, fmt::format("group '{}'", printable(group)),
+                "[count]q<q_len>[s<seq_len>] with optional k suffixes", std::string(why));
 }
 
 }  // namespace

@@ -43,6 +43,14 @@ TEST(BatchSpecTest, RejectsBatchesTooLargeToRepresent) {
   EXPECT_EQ(parse_batch_spec("q2147483647").size(), 1u);
 }
 
+// The message quotes the group; raw bytes once cut it short (a NUL ends what()).
+TEST(BatchSpecTest, MessagesEscapeUnprintableBytes) {
+  using namespace std::string_view_literals;
+  expect_invalid([] { parse_batch_spec("q1_\xe4\x00q\\"sv); },
+                 "batch spec: group '\\xe4\\x00q\\x5c' must be [count]q<q_len>[s<seq_len>] with optional k "
+                 "suffixes, got no 'q'");
+}
+
 TEST(BatchSpecTest, FormatRoundTrips) {
   for (const char* spec : {"q2k", "8q1s8k", "q1k_16q1s4k", "3q5s77"}) {
     EXPECT_EQ(format_batch_spec(parse_batch_spec(spec)), spec);
