@@ -8,6 +8,7 @@
 // reaches the head and is handed out again (evicted).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -33,8 +34,14 @@ struct BlockHashHasher {
 class BlockPool {
  public:
   // `num_blocks` counts the null block: ids 1 .. num_blocks-1 are usable.
-  // Throws InvalidArgument on num_blocks < 2.
+  // Throws InvalidArgument on num_blocks < 2, OutOfMemory when the
+  // bookkeeping (bookkeeping_bytes) exceeds physical memory or cannot be
+  // allocated.
   explicit BlockPool(int num_blocks, bool enable_caching = true);
+
+  // Host bytes the pool keeps per block (ref count, hash, free-queue links)
+  // times `num_blocks`; all of it is written at construction.
+  static std::size_t bookkeeping_bytes(int num_blocks);
 
   int num_blocks() const { return static_cast<int>(ref_count_.size()); }
   int num_usable_blocks() const { return num_blocks() - 1; }

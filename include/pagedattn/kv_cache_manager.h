@@ -60,9 +60,10 @@ class KVCacheManager {
 
   // Registers a request with its prompt. `extra_keys` go into every block
   // hash, so requests with different keys never share blocks. Throws on a
-  // duplicate id or an empty prompt.
+  // duplicate id, an empty prompt or one of more than INT_MAX tokens.
   void add_request(RequestId id, std::vector<std::int32_t> prompt, std::vector<std::int64_t> extra_keys = {});
-  // Appends sampled tokens (known, not yet computed).
+  // Appends sampled tokens (known, not yet computed). Throws when the request
+  // would hold more than INT_MAX tokens.
   void append_tokens(RequestId id, std::span<const std::int32_t> tokens);
 
   // The longest prefix of full blocks already cached, never the whole
@@ -76,8 +77,8 @@ class KVCacheManager {
   // `computed` (from get_computed_blocks, only while the request holds no
   // blocks). Returns false and changes nothing when the pool is short;
   // otherwise the tokens count as computed, and full blocks are cached.
-  // Throws InvalidArgument on a negative count, or more tokens than the
-  // request has.
+  // Throws InvalidArgument on a negative count, more tokens than the request
+  // has, or `computed` that is not (any longer) the request's cached prefix.
   bool allocate_slots(RequestId id, int num_new_tokens, const ComputedBlocks& computed = {});
 
   // Blocks allocate_slots would need from the free queue (computed blocks
@@ -123,6 +124,12 @@ class KVCacheManager {
   RequestState& state(RequestId id, const char* where);
   const RequestState& state(RequestId id, const char* where) const;
   void extend_hashes(RequestState& r, int num_full_blocks) const;
+  // num_blocks_needed's arguments checked and counted; errors name `where`.
+  int blocks_needed(const RequestState& r, int num_new_tokens, const ComputedBlocks& computed,
+                    const char* where) const;
+  // Throws InvalidArgument unless `computed` is the request's cached prefix
+  // as get_computed_blocks returns it.
+  void check_adoptable(const RequestState& r, const ComputedBlocks& computed, const char* where) const;
   int blocks_for(int num_tokens) const;
   // Index of the first block still inside the window for a step starting at
   // `num_computed`; 0 without a window.

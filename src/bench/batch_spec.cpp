@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <limits>
 #include <optional>
 
@@ -47,9 +48,24 @@ class Cursor {
   std::size_t pos_ = 0;
 };
 
+// The group as the message quotes it: bytes outside printable ASCII as \xNN,
+// since a NUL would end what() before the expected and the given value.
+std::string printable(std::string_view group) {
+  std::string out;
+  for (const char ch : group) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (std::isprint(byte) != 0 && ch != '\\') {
+      out += ch;
+    } else {
+      out += fmt::format("\\x{:02x}", byte);
+    }
+  }
+  return out;
+}
+
 [[noreturn]] void bad_group(std::string_view group, std::string_view why) {
-  throw_invalid(kWhere, fmt::format("group '{}'", group), "[count]q<q_len>[s<seq_len>] with optional k suffixes",
-                std::string(why));
+  throw_invalid(kWhere, fmt::format("group '{}'", printable(group)),
+                "[count]q<q_len>[s<seq_len>] with optional k suffixes", std::string(why));
 }
 
 }  // namespace
@@ -57,6 +73,7 @@ class Cursor {
 std::vector<BatchRequest> parse_batch_spec(std::string_view spec) {
   check_arg(!spec.empty(), kWhere, "spec", "a non-empty batch spec such as 8q1s8k", "''");
   std::vector<BatchRequest> out;
+  std::int64_t total_query_tokens = 0;
   std::size_t begin = 0;
   while (begin <= spec.size()) {
     const std::size_t end = std::min(spec.find('_', begin), spec.size());
@@ -80,6 +97,14 @@ std::vector<BatchRequest> parse_batch_spec(std::string_view spec) {
     }
     if (!c.done()) bad_group(group, "trailing characters");
     if (seq_len < *q_len) bad_group(group, fmt::format("seq_len {} < q_len {}", seq_len, *q_len));
+    // Checked before inserting. In int64: the totals so far are at most
+    // INT_MAX and count * q_len at most INT_MAX squared.
+    const std::int64_t requests = std::ssize(out) + count;
+    check_arg(requests <= kMaxBatchRequests, kWhere, "requests", fmt::format("<= {}", kMaxBatchRequests),
+              requests);
+    total_query_tokens += static_cast<std::int64_t>(count) * *q_len;
+    check_arg(total_query_tokens <= kMaxValue, kWhere, "total query tokens", fmt::format("<= {}", kMaxValue),
+              total_query_tokens);
     out.insert(out.end(), static_cast<std::size_t>(count), BatchRequest{*q_len, seq_len});
     begin = end + 1;
   }

@@ -17,7 +17,15 @@ struct BatchRequest {
   friend bool operator==(const BatchRequest&, const BatchRequest&) = default;
 };
 
-// Requests in spec order. Throws InvalidArgument naming the bad group.
+// Most requests one spec may describe: the batch becomes one RequestSpec
+// and block-table row per request, so a count such as 2147483647 would ask
+// for gigabytes before any work starts. vLLM's benchmark specs stay far below.
+inline constexpr int kMaxBatchRequests = 1 << 16;
+
+// Requests in spec order: 1 <= query_len <= seq_len <= INT_MAX each, at most
+// kMaxBatchRequests of them, their query tokens summing to at most INT_MAX
+// (make_common_metadata's int32 offsets). Throws InvalidArgument naming the
+// bad group or the exceeded total.
 std::vector<BatchRequest> parse_batch_spec(std::string_view spec);
 
 // Canonical spelling of a batch: runs of equal requests as groups.

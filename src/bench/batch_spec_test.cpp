@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <pagedattn/error.h>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn::bench {
 namespace {
+
+using test::expect_invalid;
 
 TEST(BatchSpecTest, ParsesVllmExamples) {
   EXPECT_EQ(parse_batch_spec("q2k"), (std::vector<BatchRequest>{{2048, 2048}}));
@@ -24,6 +28,27 @@ TEST(BatchSpecTest, RejectsMalformedGroups) {
                           "99999999999q1"}) {
     EXPECT_THROW(parse_batch_spec(bad), Error) << bad;
   }
+}
+
+// Every parsed batch can be handed to make_common_metadata: its query tokens
+// fit int32, and its request count stays within kMaxBatchRequests.
+TEST(BatchSpecTest, RejectsBatchesTooLargeToRepresent) {
+  expect_invalid([] { parse_batch_spec("2q2147483647"); },
+                 "batch spec: total query tokens must be <= 2147483647, got 4294967294");
+  expect_invalid([] { parse_batch_spec("q2147483647_q1"); }, "total query tokens must be <= 2147483647");
+  expect_invalid([] { parse_batch_spec("65537q1"); }, "requests must be <= 65536, got 65537");
+  expect_invalid([] { parse_batch_spec("2147483647q1"); }, "requests must be <= 65536, got 2147483647");
+  expect_invalid([] { parse_batch_spec("64kq1_1kq1"); }, "requests must be <= 65536, got 66560");
+  EXPECT_EQ(parse_batch_spec("64kq1").size(), 65536u);
+  EXPECT_EQ(parse_batch_spec("q2147483647").size(), 1u);
+}
+
+// The message quotes the group; raw bytes once cut it short (a NUL ends what()).
+TEST(BatchSpecTest, MessagesEscapeUnprintableBytes) {
+  using namespace std::string_view_literals;
+  expect_invalid([] { parse_batch_spec("q1_\xe4\x00q\\"sv); },
+                 "batch spec: group '\\xe4\\x00q\\x5c' must be [count]q<q_len>[s<seq_len>] with optional k "
+                 "suffixes, got no 'q'");
 }
 
 TEST(BatchSpecTest, FormatRoundTrips) {

@@ -2,15 +2,60 @@
 #include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
 
+#include <algorithm>
+#include <new>
+#if defined(__unix__)
+#include <unistd.h>
+#endif
+
 namespace pagedattn {
 
+namespace {
+
+constexpr std::string_view kPoolWhere = "BlockPool";
+
+// The machine's physical memory, where the system reports it.
+std::optional<std::size_t> physical_memory_bytes() {
+#if defined(__unix__)
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_size > 0)
+    return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size);
+#endif
+  return std::nullopt;
+}
+
+[[noreturn]] void throw_out_of_memory(int num_blocks, std::string_view why) {
+  throw Error(ErrorKind::OutOfMemory,
+              fmt::format("{}: the bookkeeping of num_blocks {} ({} bytes) {}", kPoolWhere, num_blocks,
+                          BlockPool::bookkeeping_bytes(num_blocks), why));
+}
+
+}  // namespace
+
+std::size_t BlockPool::bookkeeping_bytes(int num_blocks) {
+  constexpr std::size_t kBytesPerBlock =
+      sizeof(int) + sizeof(std::optional<BlockHash>) + 2 * sizeof(std::int32_t);
+  // At most INT_MAX blocks of a few dozen bytes: no size_t overflow.
+  return static_cast<std::size_t>(std::max(num_blocks, 0)) * kBytesPerBlock;
+}
+
 BlockPool::BlockPool(int num_blocks, bool enable_caching) : enable_caching_(enable_caching) {
-  check_arg(num_blocks >= 2, "BlockPool", "num_blocks", ">= 2 (block 0 is the null block)", num_blocks);
+  check_arg(num_blocks >= 2, kPoolWhere, "num_blocks", ">= 2 (block 0 is the null block)", num_blocks);
+  // Every byte is written below, so more than the machine holds would not be
+  // refused by an overcommitting allocator but end the process when touched.
+  if (const auto physical = physical_memory_bytes(); physical && bookkeeping_bytes(num_blocks) > *physical) {
+    throw_out_of_memory(num_blocks, fmt::format("exceeds the physical memory ({} bytes)", *physical));
+  }
   const auto n = static_cast<std::size_t>(num_blocks);
-  ref_count_.assign(n, 0);
-  hash_.assign(n, std::nullopt);
-  prev_.assign(n, kNone);
-  next_.assign(n, kNone);
+  try {
+    ref_count_.assign(n, 0);
+    hash_.assign(n, std::nullopt);
+    prev_.assign(n, kNone);
+    next_.assign(n, kNone);
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory(num_blocks, "cannot be allocated");
+  }
   for (std::int32_t b = kNullBlockId + 1; b < num_blocks; ++b) queue_push_back(b);
 }
 
@@ -19,8 +64,11 @@ double BlockPool::usage() const {
 }
 
 void BlockPool::check_block(std::int32_t block, const char* where) const {
-  check_arg(block >= 0 && block < num_blocks(), where, "block", fmt::format("in [0, {})", num_blocks()),
-            block);
+  // Called per block on every allocation and lookup: the message is only
+  // formatted on failure.
+  if (block < 0 || block >= num_blocks()) {
+    throw_invalid(where, "block", fmt::format("in [0, {})", num_blocks()), std::to_string(block));
+  }
 }
 
 void BlockPool::queue_remove(std::int32_t block) {

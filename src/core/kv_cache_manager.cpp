@@ -2,6 +2,7 @@
 #include <pagedattn/kv_cache_manager.h>
 
 #include <algorithm>
+#include <limits>
 
 // Header-only xxHash; this is the one file that hashes.
 #define XXH_INLINE_ALL
@@ -26,6 +27,10 @@ BlockHash hash_block_tokens(const BlockHash& parent, std::span<const std::int32_
 }
 
 namespace {
+
+// Token positions are int (RequestSpec, CommonAttentionMetadata): a request
+// holds at most this many tokens.
+constexpr std::size_t kMaxRequestTokens = std::numeric_limits<int>::max();
 
 void check_options(const KVCacheManagerOptions& o) {
   constexpr const char* kWhere = "KVCacheManager";
@@ -53,7 +58,10 @@ const KVCacheManager::RequestState& KVCacheManager::state(RequestId id, const ch
 }
 
 int KVCacheManager::blocks_for(int num_tokens) const {
-  return (num_tokens + options_.block_size - 1) / options_.block_size;
+  // In int64: num_tokens + block_size - 1 overflows int near INT_MAX; the
+  // quotient is at most num_tokens.
+  const std::int64_t bs = options_.block_size;
+  return static_cast<int>((num_tokens + bs - 1) / bs);
 }
 
 int KVCacheManager::first_useful_block(int num_computed) const {
@@ -78,6 +86,8 @@ void KVCacheManager::add_request(RequestId id, std::vector<std::int32_t> prompt,
   constexpr const char* kWhere = "KVCacheManager::add_request";
   check_arg(!requests_.contains(id), kWhere, "request", "an id not yet registered", id);
   check_arg(!prompt.empty(), kWhere, "prompt", "at least one token", 0);
+  check_arg(prompt.size() <= kMaxRequestTokens, kWhere, "prompt size",
+            fmt::format("<= {}", kMaxRequestTokens), prompt.size());
   RequestState r;
   r.tokens = std::move(prompt);
   r.extra_keys = std::move(extra_keys);
@@ -85,7 +95,11 @@ void KVCacheManager::add_request(RequestId id, std::vector<std::int32_t> prompt,
 }
 
 void KVCacheManager::append_tokens(RequestId id, std::span<const std::int32_t> tokens) {
-  RequestState& r = state(id, "KVCacheManager::append_tokens");
+  constexpr const char* kWhere = "KVCacheManager::append_tokens";
+  RequestState& r = state(id, kWhere);
+  const std::size_t room = kMaxRequestTokens - r.tokens.size();
+  check_arg(tokens.size() <= room, kWhere, "tokens size",
+            fmt::format("<= {} (a request holds at most {} tokens)", room, kMaxRequestTokens), tokens.size());
   r.tokens.insert(r.tokens.end(), tokens.begin(), tokens.end());
 }
 
@@ -114,20 +128,36 @@ ComputedBlocks KVCacheManager::get_computed_blocks(RequestId id) {
 int KVCacheManager::num_blocks_needed(RequestId id, int num_new_tokens,
                                       const ComputedBlocks& computed) const {
   constexpr const char* kWhere = "KVCacheManager::num_blocks_needed";
-  const RequestState& r = state(id, kWhere);
-  check_arg(num_new_tokens >= 0, kWhere, "num_new_tokens", ">= 0", num_new_tokens);
+  return blocks_needed(state(id, kWhere), num_new_tokens, computed, kWhere);
+}
+
+int KVCacheManager::blocks_needed(const RequestState& r, int num_new_tokens, const ComputedBlocks& computed,
+                                  const char* where) const {
+  // Every step of every request comes through here: messages are only
+  // formatted on failure.
+  if (num_new_tokens < 0) throw_invalid(where, "num_new_tokens", ">= 0", std::to_string(num_new_tokens));
+  // In int64: blocks * block_size overflows int for a forged `computed`.
+  const std::int64_t computed_tokens =
+      static_cast<std::int64_t>(computed.blocks.size()) * options_.block_size;
+  if (computed.num_tokens != computed_tokens) {
+    throw_invalid(where, "computed.num_tokens", fmt::format("blocks * block_size ({})", computed_tokens),
+                  std::to_string(computed.num_tokens));
+  }
   const bool adopting = !computed.blocks.empty();
   if (adopting) {
-    check_arg(r.blocks.empty(), kWhere, "computed", "empty for a request holding blocks",
+    check_arg(r.blocks.empty(), where, "computed", "empty for a request holding blocks",
               fmt::format("{} blocks", computed.blocks.size()));
-    check_arg(computed.num_tokens == static_cast<int>(computed.blocks.size()) * options_.block_size, kWhere,
-              "computed.num_tokens", "blocks * block_size", computed.num_tokens);
+    check_adoptable(r, computed, where);
   }
   const int num_computed = adopting ? computed.num_tokens : r.num_computed;
+  // tokens.size() <= INT_MAX (add_request, append_tokens) and num_computed <=
+  // it, so neither the difference nor the total below overflows.
+  const int uncomputed = static_cast<int>(r.tokens.size()) - num_computed;
+  if (num_new_tokens > uncomputed) {
+    throw_invalid(where, "num_new_tokens", fmt::format("<= {} (tokens not yet computed)", uncomputed),
+                  std::to_string(num_new_tokens));
+  }
   const int total = num_computed + num_new_tokens;
-  check_arg(total <= static_cast<int>(r.tokens.size()), kWhere, "num_new_tokens",
-            fmt::format("<= {} (tokens not yet computed)", static_cast<int>(r.tokens.size()) - num_computed),
-            num_new_tokens);
   const int held = adopting ? static_cast<int>(computed.blocks.size()) : static_cast<int>(r.blocks.size());
   int needed = std::max(0, blocks_for(total) - held);
   // Cached blocks nobody references sit in the free queue: adopting takes them out.
@@ -137,15 +167,36 @@ int KVCacheManager::num_blocks_needed(RequestId id, int num_new_tokens,
   return needed;
 }
 
+void KVCacheManager::check_adoptable(const RequestState& r, const ComputedBlocks& computed,
+                                     const char* where) const {
+  // Block i must still be the cached block of the request's prefix block i,
+  // as get_computed_blocks returned it: an evicted (and possibly reused)
+  // block, a block of another prefix or an id out of the pool would put
+  // another request's K/V, or a block twice, into this request's table.
+  check_arg(computed.blocks.size() <= r.block_hashes.size(), where, "computed.blocks size",
+            fmt::format("<= {} (the request's hashed full blocks, from get_computed_blocks)",
+                        r.block_hashes.size()),
+            computed.blocks.size());
+  for (std::size_t i = 0; i < computed.blocks.size(); ++i) {
+    const auto cached = pool_.get_cached_block(r.block_hashes[i]);
+    if (cached && *cached == computed.blocks[i]) continue;
+    throw_invalid(where, fmt::format("computed.blocks[{}]", i),
+                  cached ? fmt::format("{} (the block caching this prefix)", *cached)
+                         : std::string("a cached block of this prefix (none is cached now)"),
+                  std::to_string(computed.blocks[i]));
+  }
+}
+
 bool KVCacheManager::can_fit(int num_tokens) const {
   check_arg(num_tokens >= 0, "KVCacheManager::can_fit", "num_tokens", ">= 0", num_tokens);
   return blocks_for(num_tokens) <= pool_.num_usable_blocks();
 }
 
 bool KVCacheManager::allocate_slots(RequestId id, int num_new_tokens, const ComputedBlocks& computed) {
-  const int needed = num_blocks_needed(id, num_new_tokens, computed);
+  constexpr const char* kWhere = "KVCacheManager::allocate_slots";
+  RequestState& r = state(id, kWhere);
+  const int needed = blocks_needed(r, num_new_tokens, computed, kWhere);
   if (needed > pool_.num_free_blocks()) return false;
-  RequestState& r = state(id, "KVCacheManager::allocate_slots");
   if (!computed.blocks.empty()) {
     pool_.touch(computed.blocks);
     r.blocks = computed.blocks;

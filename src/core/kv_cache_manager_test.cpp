@@ -4,9 +4,11 @@
 #include <pagedattn/error.h>
 #include <pagedattn/kv_cache_manager.h>
 #include <pagedattn/metadata.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -77,14 +79,47 @@ TEST(KVCacheManager, RejectsBadInput) {
   expect_invalid([&] { m.add_request(2, {}); }, "prompt");
   m.add_request(1, iota_tokens(10));
   expect_invalid([&] { m.add_request(1, iota_tokens(10)); }, "request");
-  expect_invalid([&] { m.allocate_slots(1, -1); }, "num_new_tokens");
-  expect_invalid([&] { m.allocate_slots(1, 11); }, "num_new_tokens");
+  // Errors name the function called (allocate_slots once said num_blocks_needed).
+  expect_invalid([&] { m.allocate_slots(1, -1); },
+                 "KVCacheManager::allocate_slots: num_new_tokens must be >= 0");
+  expect_invalid([&] { m.allocate_slots(1, 11); },
+                 "KVCacheManager::allocate_slots: num_new_tokens must be <= 10");
+  expect_invalid([&] { m.num_blocks_needed(1, -1); }, "KVCacheManager::num_blocks_needed: num_new_tokens");
   ASSERT_TRUE(m.allocate_slots(1, 4));
   expect_invalid([&] { m.get_computed_blocks(1); }, "request");
   expect_invalid([&] { m.request_spec(1, 5); }, "query_len");
   expect_invalid([&] { KVCacheManager({1, kBlockSize}); }, "num_blocks");
   expect_invalid([&] { KVCacheManager({8, 0}); }, "block_size");
   expect_invalid([&] { KVCacheManager({8, kBlockSize, true, 0}); }, "sliding_window");
+}
+
+TEST(KVCacheManager, CountsNearIntMaxAreRejectedNotWrapped) {
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  KVCacheManager m = make_manager(8);  // 7 usable blocks
+  m.add_request(1, iota_tokens(10));
+  ASSERT_TRUE(m.allocate_slots(1, 5));
+  // 5 + INT_MAX wrapped to a negative total that passed the bound check.
+  expect_invalid([&] { m.allocate_slots(1, kIntMax); }, "num_new_tokens");
+  expect_invalid([&] { (void)m.num_blocks_needed(1, kIntMax); }, "num_new_tokens");
+  EXPECT_EQ(m.num_computed_tokens(1), 5);
+  EXPECT_EQ(m.block_table(1).size(), 1U);
+  EXPECT_EQ(m.pool().num_free_blocks(), 6);
+  // ceil(INT_MAX / 16) blocks, computed without wrapping.
+  EXPECT_FALSE(m.can_fit(kIntMax));
+  EXPECT_TRUE(KVCacheManager({2, kIntMax}).can_fit(kIntMax));
+}
+
+TEST(KVCacheManager, PoolBeyondMemoryIsOutOfMemory) {
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  const auto physical =
+      static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  if (BlockPool::bookkeeping_bytes(kIntMax) <= physical) {
+    GTEST_SKIP() << "this machine's memory holds the bookkeeping of INT_MAX blocks";
+  }
+  // std::bad_alloc escaped before (or the process was killed where memory is overcommitted).
+  test::expect_error(
+      ErrorKind::OutOfMemory, [] { KVCacheManager({.num_blocks = kIntMax}); },
+      "BlockPool: the bookkeeping of num_blocks 2147483647");
 }
 
 TEST(KVCacheManager, PrefixHitsOnFullBlocksOnlyAndNeverTheWholePrompt) {
@@ -170,6 +205,44 @@ TEST(KVCacheManager, AdmissionCountsCachedBlocksTakenFromTheFreeQueue) {
   EXPECT_EQ(m.num_blocks_needed(2, 16, hit), 3);
   ASSERT_TRUE(m.allocate_slots(2, 16, hit));
   EXPECT_EQ(m.pool().num_free_blocks(), 0);
+}
+
+// A hit is only valid while its blocks still cache the request's prefix.
+TEST(KVCacheManager, StaleOrForgedComputedBlocksAreRejected) {
+  KVCacheManager m = make_manager(6);  // 5 usable blocks
+  m.add_request(1, iota_tokens(33));
+  ASSERT_TRUE(m.allocate_slots(1, 33));
+  m.free(1);
+  m.add_request(2, iota_tokens(48));
+  const ComputedBlocks hit = m.get_computed_blocks(2);
+  ASSERT_EQ(hit.blocks.size(), 2U);
+  // Request 3 takes every block (evicting the hit's hashes) and writes its
+  // own tokens; preempted, its blocks sit free, cached under its prefixes.
+  m.add_request(3, iota_tokens(80, 5000));
+  ASSERT_TRUE(m.allocate_slots(3, 80));
+  m.preempt(3);
+  ASSERT_EQ(m.pool().num_free_blocks(), 5);
+  // Adopting the stale hit once put request 3's K/V into request 2's prefix.
+  expect_invalid([&] { m.allocate_slots(2, 16, hit); },
+                 "computed.blocks[0] must be a cached block of this prefix (none is cached now)");
+  EXPECT_TRUE(m.block_table(2).empty());
+  EXPECT_EQ(m.num_computed_tokens(2), 0);
+  EXPECT_EQ(m.pool().num_free_blocks(), 5);
+
+  // Forged hits: a block twice, a count that disagrees with the blocks.
+  m.add_request(4, iota_tokens(80, 5000));
+  const ComputedBlocks fresh = m.get_computed_blocks(4);
+  ASSERT_EQ(fresh.blocks.size(), 4U);
+  const ComputedBlocks twice{{fresh.blocks[0], fresh.blocks[0]}, 2 * kBlockSize};
+  expect_invalid([&] { m.allocate_slots(4, 1, twice); }, "computed.blocks[1]");
+  expect_invalid(
+      [&] {
+        m.allocate_slots(4, 1, ComputedBlocks{{}, 5});
+      },
+      "computed.num_tokens must be blocks * block_size (0), got 5");
+  EXPECT_EQ(m.pool().num_free_blocks(), 5);
+  ASSERT_TRUE(m.allocate_slots(4, 16, fresh));
+  EXPECT_EQ(m.num_computed_tokens(4), 80);
 }
 
 TEST(KVCacheManager, PreemptReleasesAndRecomputesWithPrefixHits) {

@@ -1,13 +1,20 @@
 // CommonAttentionMetadata: host accessors, validation, and the builders that
 // turn per-request lengths and block lists into a step's metadata.
+#include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <string>
 
 namespace pagedattn {
 namespace {
+
+// query_start_loc, seq_lens and token positions are int32 (vLLM's dtypes):
+// every token count and position of a step must fit.
+constexpr std::int64_t kMaxTokens = std::numeric_limits<std::int32_t>::max();
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
@@ -75,15 +82,24 @@ void check_options(std::string_view where, const MetadataOptions& options) {
             options.num_padded_slots);
 }
 
-// Checks each request's lengths and that its blocks cover `key_lens[r]` tokens.
-void check_requests(std::string_view where, std::span<const RequestSpec> requests,
-                    std::span<const int> key_lens, int block_size) {
+// Checks each request's lengths, that its blocks cover `key_lens[r]` tokens,
+// and that the batch's query tokens fit int32; returns their total.
+std::int64_t check_requests(std::string_view where, std::span<const RequestSpec> requests,
+                            std::span<const int> key_lens, int block_size) {
   check_arg(!requests.empty(), where, "requests", "non-empty", "an empty list");
+  check_arg(requests.size() <= static_cast<std::size_t>(kMaxTokens), where, "requests size",
+            fmt::format("<= {}", kMaxTokens), requests.size());
+  std::int64_t total_query_tokens = 0;
   for (std::size_t r = 0; r < requests.size(); ++r) {
     const RequestSpec& req = requests[r];
     check_arg(req.query_len >= 0, where, fmt::format("requests[{}].query_len", r), ">= 0", req.query_len);
     check_arg(req.seq_len >= req.query_len, where, fmt::format("requests[{}].seq_len", r),
               fmt::format(">= query_len ({})", req.query_len), req.seq_len);
+    // At most INT32_MAX requests of at most INT32_MAX tokens: no int64 overflow.
+    total_query_tokens += req.query_len;
+    check_arg(req.blocks.size() <= static_cast<std::size_t>(kMaxTokens), where,
+              fmt::format("requests[{}].blocks size", r), fmt::format("<= {}", kMaxTokens),
+              req.blocks.size());
     const std::int64_t needed = ceil_div(key_lens[r], block_size);
     check_arg(static_cast<std::int64_t>(req.blocks.size()) >= needed, where,
               fmt::format("requests[{}].blocks size", r),
@@ -94,6 +110,35 @@ void check_requests(std::string_view where, std::span<const RequestSpec> request
                 req.blocks[b]);
     }
   }
+  check_arg(total_query_tokens <= kMaxTokens, where, "total query tokens", fmt::format("<= {}", kMaxTokens),
+            total_query_tokens);
+  return total_query_tokens;
+}
+
+// The slot mapping has one row per token row, padding included.
+void check_total_slots(std::string_view where, std::string_view counted, std::int64_t tokens,
+                       const MetadataOptions& options) {
+  const std::int64_t total = tokens + options.num_padded_slots;
+  check_arg(total <= kMaxTokens, where, fmt::format("total slots ({} + options.num_padded_slots)", counted),
+            fmt::format("<= {}", kMaxTokens), total);
+}
+
+// The host arrays of a step are sized by the batch; a batch too large for
+// host memory is an OutOfMemory error like any other allocation.
+template <typename Build>
+CommonAttentionMetadata translating_bad_alloc(std::string_view where, Build&& build) {
+  try {
+    return build();
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorKind::OutOfMemory, fmt::format("{}: cannot allocate the batch's host arrays", where));
+  }
+}
+
+// The slot bound num_blocks * block_size as text, without overflowing int64.
+std::string slot_bound(std::int64_t num_blocks, int block_size) {
+  if (num_blocks <= std::numeric_limits<std::int64_t>::max() / block_size)
+    return std::to_string(num_blocks * block_size);
+  return fmt::format("{} * {}", num_blocks, block_size);
 }
 
 // Query offsets and the block table (unused columns hold the null block).
@@ -254,11 +299,13 @@ void CommonAttentionMetadata::validate(std::string_view where, std::int64_t num_
          std::to_string(slot_mapping.size(0)));
   }
   if (num_blocks > 0) {
-    const std::int64_t num_slots = num_blocks * block_size;
     const std::vector<std::int64_t> slots = slots_on_host(slot_mapping);
     for (std::size_t i = 0; i < slots.size(); ++i) {
-      if (slots[i] != kPadSlotId && (slots[i] < 0 || slots[i] >= num_slots)) {
-        fail(fmt::format("slot_mapping[{}]", i), fmt::format("{} or in [0, {})", kPadSlotId, num_slots),
+      // Slot s lies in block s / block_size: comparing that block with
+      // num_blocks cannot overflow, unlike num_blocks * block_size.
+      if (slots[i] != kPadSlotId && (slots[i] < 0 || slots[i] / block_size >= num_blocks)) {
+        fail(fmt::format("slot_mapping[{}]", i),
+             fmt::format("{} or in [0, {})", kPadSlotId, slot_bound(num_blocks, block_size)),
              std::to_string(slots[i]));
       }
     }
@@ -271,7 +318,9 @@ std::vector<std::int64_t> slots_for_positions(std::span<const std::int32_t> bloc
   check_arg(block_size > 0, where, "block_size", "> 0", block_size);
   check_arg(first >= 0, where, "first", ">= 0", first);
   check_arg(count >= 0, where, "count", ">= 0", count);
-  const std::int64_t needed = ceil_div(static_cast<std::int64_t>(first) + count, block_size);
+  const std::int64_t end = static_cast<std::int64_t>(first) + count;
+  check_arg(end <= kMaxTokens, where, "first + count", fmt::format("<= {}", kMaxTokens), end);
+  const std::int64_t needed = ceil_div(end, block_size);
   check_arg(static_cast<std::int64_t>(blocks.size()) >= needed, where, "blocks size",
             fmt::format(">= ceil(({} + {}) / {}) = {}", first, count, block_size, needed), blocks.size());
   std::vector<std::int64_t> slots;
@@ -286,47 +335,58 @@ std::vector<std::int64_t> slots_for_positions(std::span<const std::int32_t> bloc
 CommonAttentionMetadata make_common_metadata(std::span<const RequestSpec> requests,
                                              const MetadataOptions& options) {
   constexpr std::string_view where = "make_common_metadata";
-  check_options(where, options);
-  std::vector<int> seq_lens;
-  for (const RequestSpec& req : requests) seq_lens.push_back(req.seq_len);
-  check_requests(where, requests, seq_lens, options.block_size);
+  return translating_bad_alloc(where, [&] {
+    check_options(where, options);
+    std::vector<int> seq_lens;
+    for (const RequestSpec& req : requests) seq_lens.push_back(req.seq_len);
+    const std::int64_t tokens = check_requests(where, requests, seq_lens, options.block_size);
+    check_total_slots(where, "query tokens", tokens, options);
 
-  HostBatch batch = host_batch(requests);
-  for (const RequestSpec& req : requests) {
-    batch.seq_lens.push_back(req.seq_len);
-    // The query tokens are the last query_len positions of the sequence.
-    const std::vector<std::int64_t> slots =
-        slots_for_positions(req.blocks, options.block_size, req.seq_len - req.query_len, req.query_len);
-    batch.slots.insert(batch.slots.end(), slots.begin(), slots.end());
-  }
-  return assemble(batch, options, options.causal);
+    HostBatch batch = host_batch(requests);
+    batch.slots.reserve(static_cast<std::size_t>(tokens + options.num_padded_slots));
+    for (const RequestSpec& req : requests) {
+      batch.seq_lens.push_back(req.seq_len);
+      // The query tokens are the last query_len positions of the sequence.
+      const std::vector<std::int64_t> slots =
+          slots_for_positions(req.blocks, options.block_size, req.seq_len - req.query_len, req.query_len);
+      batch.slots.insert(batch.slots.end(), slots.begin(), slots.end());
+    }
+    return assemble(batch, options, options.causal);
+  });
 }
 
 CommonAttentionMetadata make_cross_attention_metadata(std::span<const RequestSpec> requests,
                                                       std::span<const int> encoder_lens,
                                                       bool write_encoder_kv, const MetadataOptions& options) {
   constexpr std::string_view where = "make_cross_attention_metadata";
-  check_options(where, options);
-  check_arg(encoder_lens.size() == requests.size(), where, "encoder_lens size",
-            fmt::format("requests size ({})", requests.size()), encoder_lens.size());
-  for (std::size_t r = 0; r < encoder_lens.size(); ++r) {
-    check_arg(encoder_lens[r] >= 0, where, fmt::format("encoder_lens[{}]", r), ">= 0", encoder_lens[r]);
-  }
-  check_requests(where, requests, encoder_lens, options.block_size);
-
-  HostBatch batch = host_batch(requests);
-  for (std::size_t r = 0; r < requests.size(); ++r) {
-    batch.seq_lens.push_back(encoder_lens[r]);
-    if (write_encoder_kv) {
-      const std::vector<std::int64_t> slots =
-          slots_for_positions(requests[r].blocks, options.block_size, 0, encoder_lens[r]);
-      batch.slots.insert(batch.slots.end(), slots.begin(), slots.end());
+  return translating_bad_alloc(where, [&] {
+    check_options(where, options);
+    check_arg(encoder_lens.size() == requests.size(), where, "encoder_lens size",
+              fmt::format("requests size ({})", requests.size()), encoder_lens.size());
+    std::int64_t encoder_tokens = 0;
+    for (std::size_t r = 0; r < encoder_lens.size(); ++r) {
+      check_arg(encoder_lens[r] >= 0, where, fmt::format("encoder_lens[{}]", r), ">= 0", encoder_lens[r]);
+      encoder_tokens += encoder_lens[r];
     }
-  }
-  CommonAttentionMetadata md = assemble(batch, options, /*causal=*/false);
-  md.encoder_seq_lens_cpu =
-      Tensor::from_i32(batch.seq_lens, {static_cast<std::int64_t>(batch.seq_lens.size())});
-  return md;
+    check_requests(where, requests, encoder_lens, options.block_size);
+    const std::int64_t written = write_encoder_kv ? encoder_tokens : 0;
+    check_total_slots(where, "encoder tokens", written, options);
+
+    HostBatch batch = host_batch(requests);
+    batch.slots.reserve(static_cast<std::size_t>(written + options.num_padded_slots));
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      batch.seq_lens.push_back(encoder_lens[r]);
+      if (write_encoder_kv) {
+        const std::vector<std::int64_t> slots =
+            slots_for_positions(requests[r].blocks, options.block_size, 0, encoder_lens[r]);
+        batch.slots.insert(batch.slots.end(), slots.begin(), slots.end());
+      }
+    }
+    CommonAttentionMetadata md = assemble(batch, options, /*causal=*/false);
+    md.encoder_seq_lens_cpu =
+        Tensor::from_i32(batch.seq_lens, {static_cast<std::int64_t>(batch.seq_lens.size())});
+    return md;
+  });
 }
 
 }  // namespace pagedattn

@@ -4,6 +4,7 @@
 #include <pagedattn/metadata.h>
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,51 @@ TEST(MetadataBuild, CrossBuildErrors) {
                  "encoder_lens[0] must be >= 0, got -2");
   expect_invalid([&] { make_cross_attention_metadata(requests, long_encoder, true, options); },
                  "requests[0].blocks size must be >= ceil(9 / block_size 4) = 3, got 1");
+}
+
+constexpr int kIntMax = std::numeric_limits<int>::max();
+
+// query_start_loc and num_actual_tokens are int32: a batch whose token count
+// does not fit is rejected before anything is summed or allocated.
+TEST(MetadataBuild, TokenTotalsBeyondInt32AreRejected) {
+  constexpr int kBillion = 1'000'000'000;
+  MetadataOptions options;
+  options.block_size = kIntMax;  // one block covers any request
+  const std::vector<RequestSpec> three(3, RequestSpec{kBillion, kBillion, {1}});
+  const std::vector<int> encoder_lens(3, 4);
+  expect_invalid([&] { make_cross_attention_metadata(three, encoder_lens, false, options); },
+                 "make_cross_attention_metadata: total query tokens must be <= 2147483647, got 3000000000");
+  expect_invalid([&] { make_common_metadata(three, options); },
+                 "make_common_metadata: total query tokens must be <= 2147483647, got 3000000000");
+  // Padding rows count too: the slot mapping's rows are token rows.
+  const std::vector<RequestSpec> one{RequestSpec{1, 1, {1}}};
+  options.num_padded_slots = kIntMax;
+  expect_invalid(
+      [&] { make_common_metadata(one, options); },
+      "total slots (query tokens + options.num_padded_slots) must be <= 2147483647, got 2147483648");
+  options.num_padded_slots = 0;
+  // Encoder tokens written in the first cross-attention step.
+  const std::vector<RequestSpec> two(2, RequestSpec{1, 1, {1}});
+  const std::vector<int> long_encoders(2, kIntMax);
+  expect_invalid(
+      [&] { make_cross_attention_metadata(two, long_encoders, true, options); },
+      "total slots (encoder tokens + options.num_padded_slots) must be <= 2147483647, got 4294967294");
+}
+
+TEST(MetadataBuild, SlotsForPositionsPastInt32AreRejected) {
+  const std::vector<std::int32_t> blocks{1, 2};
+  // Positions up to INT_MAX + 1 once wrapped the loop bound to a negative number.
+  expect_invalid([&] { slots_for_positions(blocks, 1 << 30, kIntMax, 1); },
+                 "first + count must be <= 2147483647, got 2147483648");
+  EXPECT_EQ(slots_for_positions(blocks, 1 << 30, kIntMax - 1, 1),
+            (std::vector<std::int64_t>{std::int64_t{2} * (1 << 30) + (1 << 30) - 2}));
+}
+
+TEST(MetadataValidate, HugeBlockCountsDoNotWrapTheSlotBound) {
+  const CommonAttentionMetadata md = mixed_metadata();
+  // num_blocks * block_size once overflowed int64 and rejected every slot.
+  EXPECT_NO_THROW(md.validate("check", std::numeric_limits<std::int64_t>::max()));
+  EXPECT_NO_THROW(md.validate("check", std::numeric_limits<std::int64_t>::max() / kBlockSize + 1));
 }
 
 // Each case corrupts one field of a valid batch; the message names it.

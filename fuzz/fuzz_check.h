@@ -1,0 +1,46 @@
+// What the fuzz targets share: a violated invariant is a finding, so it
+// prints what was violated and aborts, and libFuzzer keeps the input as
+// crash-<sha1>. Library calls either succeed or throw pagedattn::Error; any
+// other exception escapes LLVMFuzzerTestOneInput and aborts the same way.
+#pragma once
+
+#include <fmt/format.h>
+#include <pagedattn/error.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace pagedattn::fuzz {
+
+[[noreturn]] inline void violated(std::string_view what) {
+  fmt::print(stderr, "invariant violated: {}\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+// The message is formatted only when the check fails, so hot loops pay for
+// the comparison alone.
+template <typename... Args>
+void require(bool ok, fmt::format_string<Args...> what, Args&&... args) {
+  if (!ok) violated(fmt::format(what, std::forward<Args>(args)...));
+}
+
+// An Error a call threw must have the given kind and a message that follows
+// "<where>: <argument> must be <expected>, got <actual>" (InvalidArgument)
+// or at least starts with "<where>: ".
+inline void require_error(const Error& e, ErrorKind kind, std::string_view where) {
+  const std::string message = e.what();
+  require(e.kind() == kind, "'{}' is a {} error, expected {}", message, error_kind_name(e.kind()),
+          error_kind_name(kind));
+  require(message.starts_with(std::string(where) + ": "), "'{}' does not start with '{}: '", message, where);
+  if (kind == ErrorKind::InvalidArgument) {
+    const std::size_t must = message.find(" must be ");
+    require(must != std::string::npos && message.find(", got ", must) != std::string::npos,
+            "'{}' does not name the expected and the given value", message);
+  }
+}
+
+}  // namespace pagedattn::fuzz
