@@ -19,7 +19,15 @@ bool decode_like(int q_len) { return q_len > 0 && q_len <= kSplitMaxQueryTokens;
 
 // Key splits of a request (1: not split).
 int key_splits(int q_len, int keys) {
-  return decode_like(q_len) ? std::max(1, (keys + kSplitKeys - 1) / kSplitKeys) : 1;
+  // In 64 bits: keys + kSplitKeys - 1 passes INT_MAX for the longest contexts.
+  const std::int64_t splits = (static_cast<std::int64_t>(keys) + kSplitKeys - 1) / kSplitKeys;
+  return decode_like(q_len) ? std::max(1, static_cast<int>(splits)) : 1;
+}
+
+// Key bound of split `s` (the last split's end is clamped to `keys` by the
+// caller), in 64 bits for the same reason.
+int split_key(int s, int keys) {
+  return static_cast<int>(std::min<std::int64_t>(keys, static_cast<std::int64_t>(s) * kSplitKeys));
 }
 
 }  // namespace
@@ -79,8 +87,8 @@ WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span
                             .kv_heads = heads,
                             .q_begin = 0,
                             .q_end = q_len,
-                            .k_begin = s * kSplitKeys,
-                            .k_end = std::min(keys, (s + 1) * kSplitKeys),
+                            .k_begin = split_key(s, keys),
+                            .k_end = split_key(s + 1, keys),
                             .partial_token = plan.partial_tokens + static_cast<std::int64_t>(s) * q_len,
                             .partial_head_stride = head_slots};
         plan.items.push_back(item);

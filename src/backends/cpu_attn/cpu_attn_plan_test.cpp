@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -44,6 +47,28 @@ TEST(CpuAttnPlanTest, EveryQueryTileAndKeyIsCoveredOnce) {
   }
   EXPECT_EQ(keys_covered.size(), static_cast<std::size_t>(kv_heads * (1 + 40 + 3)));
   EXPECT_EQ(plan.max_item_tokens, kQueryTileTokens);
+}
+
+// The split arithmetic runs in 64 bits: a decode of INT_MAX keys (the largest
+// seq_len) once overflowed int computing its split count and bounds.
+TEST(CpuAttnPlanTest, DecodeOfIntMaxKeysSplitsWithoutOverflow) {
+  constexpr int kKeys = std::numeric_limits<std::int32_t>::max();
+  Batch b;
+  b.add(1, kKeys);
+  const WorkPlan plan = b.plan(1);
+  ASSERT_EQ(plan.merges.size(), 1u);
+  const std::int64_t splits = (static_cast<std::int64_t>(kKeys) + kSplitKeys - 1) / kSplitKeys;
+  EXPECT_EQ(plan.merges[0].num_splits, splits);
+  EXPECT_EQ(std::ssize(plan.items), splits);
+  std::int64_t covered = 0;
+  int last_end = 0;
+  for (const WorkItem& it : plan.items) {
+    EXPECT_LT(it.k_begin, it.k_end);
+    covered += it.k_end - it.k_begin;
+    last_end = std::max(last_end, it.k_end);
+  }
+  EXPECT_EQ(covered, kKeys);
+  EXPECT_EQ(last_end, kKeys);
 }
 
 TEST(CpuAttnPlanTest, LongDecodesSplitIntoFixedChunksWithDisjointPartials) {
