@@ -2,6 +2,7 @@
 
 #include <pagedattn/conformance.h>
 #include <pagedattn/scalar.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -39,6 +40,26 @@ float through_cache(float x, DType storage) {
   return load_as_float(cell.data(), storage);
 }
 
+// The KV caches and their float shadows, every layer: refused with its size
+// when beyond the machine's memory, rather than granted by the kernel and
+// killed for later. The factors are validated ints: the product is formed in
+// double, which cannot overflow.
+void check_fits_in_memory(const ServingOptions& o) {
+  constexpr double kKeyAndValue = 2.0;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const double rows = static_cast<double>(o.layers) * o.num_kv_blocks * o.block_size * o.kv_heads * o.head_size;
+  const auto storage = static_cast<double>(dtype_size(kv_cache_storage_dtype(o.cache_dtype, o.dtype)));
+  const double bytes = rows * kKeyAndValue * (storage + sizeof(float));
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && bytes > memory) {
+    throw Error(ErrorKind::OutOfMemory,
+                fmt::format("ServingLoop: {} layers of {} KV blocks need about {:.1f} GiB (caches and their "
+                            "oracle shadows), more than this machine's {:.1f} GiB of memory",
+                            o.layers, o.num_kv_blocks, bytes / kGiB, memory / kGiB));
+  }
+}
+
 // Products of the counts below size the q/k/v rows and the K/V shadows: each
 // count is checked, and the products are formed in 64 bits against a bound.
 const ServingOptions& validated(const ServingOptions& o) {
@@ -59,21 +80,8 @@ const ServingOptions& validated(const ServingOptions& o) {
             qkv_width);
   const std::int64_t slots = std::int64_t{o.num_kv_blocks} * o.block_size;
   check_arg(slots <= kMaxInt, kWhere, "num_kv_blocks * block_size", fmt::format("<= {}", kMaxInt), slots);
+  check_fits_in_memory(o);
   return o;
-}
-
-// Floats of one layer's K (or V) shadow: every slot's Hkv * D row. Both
-// factors are validated ints, so their product fits 64 bits.
-std::size_t shadow_floats(const ServingOptions& o) {
-  const std::uint64_t floats =
-      static_cast<std::uint64_t>(o.num_kv_blocks) * static_cast<std::uint64_t>(o.block_size) *
-      static_cast<std::uint64_t>(o.kv_heads) * static_cast<std::uint64_t>(o.head_size);
-  if (floats > std::vector<float>().max_size()) {
-    throw Error(
-        ErrorKind::OutOfMemory,
-        fmt::format("ServingLoop: a K/V shadow of {} floats per layer exceeds the address space", floats));
-  }
-  return static_cast<std::size_t>(floats);
 }
 
 }  // namespace
@@ -101,7 +109,9 @@ ServingLoop::ServingLoop(const ServingOptions& o, const AttentionBackend& backen
   alloc.reserve_null_block = true;
   allocation_ = allocate_kv_caches(model_, alloc);
   builder_ = std::make_unique<ModelMetadataBuilder>(model_);
-  const std::size_t shadow_size = shadow_floats(o);
+  const std::size_t shadow_size = static_cast<std::size_t>(o.num_kv_blocks) *
+                                  static_cast<std::size_t>(o.block_size) *
+                                  static_cast<std::size_t>(o.kv_heads) * static_cast<std::size_t>(o.head_size);
   key_shadow_.assign(static_cast<std::size_t>(o.layers), std::vector<float>(shadow_size));
   value_shadow_.assign(static_cast<std::size_t>(o.layers), std::vector<float>(shadow_size));
   stats_.requests = static_cast<int>(trace_.size());

@@ -100,6 +100,10 @@ TEST(ServingLoop, RejectsBadOptionsBeforeSizingAnything) {
   o.block_size = 1 << 12;  // num_kv_blocks * block_size overflows an int
   expect_invalid([&] { ServingLoop loop(o, backend, make_trace(small_trace(1))); },
                  "num_kv_blocks * block_size must be <=");
+  o.block_size = 1 << 10;  // 2^30 slots of 2 x 32 values, two layers: terabytes
+  test::expect_error(
+      ErrorKind::OutOfMemory, [&] { ServingLoop loop(o, backend, make_trace(small_trace(1))); },
+      "GiB of memory");
 }
 
 TEST(ServingLoop, PrefixCachingOffStillCorrect) {
