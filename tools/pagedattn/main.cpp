@@ -10,18 +10,17 @@
 
 #include "commands.h"
 
+namespace pagedattn::cli {
 namespace {
 
-using namespace pagedattn::cli;
-
-int exit_code_of(pagedattn::ErrorKind kind) {
+int exit_code_of(ErrorKind kind) {
   switch (kind) {
-    case pagedattn::ErrorKind::InvalidArgument:
-    case pagedattn::ErrorKind::Unsupported:
+    case ErrorKind::InvalidArgument:
+    case ErrorKind::Unsupported:
       return kExitUsage;
-    case pagedattn::ErrorKind::OutOfMemory:
+    case ErrorKind::OutOfMemory:
       return kExitOutOfMemory;
-    case pagedattn::ErrorKind::Device:
+    case ErrorKind::Device:
       return kExitRuntime;
   }
   return kExitRuntime;
@@ -32,9 +31,8 @@ int report(std::string_view kind, std::string_view message, int code) {
   return code;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The CLI proper; main only supplies the arguments.
+int run_cli(int argc, char** argv) {
   CLI::App app{"pagedattn: vLLM-style paged attention layer"};
   app.require_subcommand(1);
   app.set_version_flag("--version", fmt::format("pagedattn {}", PAGEDATTN_VERSION),
@@ -55,8 +53,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version arrive here too, as successes.
     return app.exit(e) == kExitOk ? kExitOk : kExitUsage;
-  } catch (const pagedattn::Error& e) {
-    return report(pagedattn::error_kind_name(e.kind()), e.what(), exit_code_of(e.kind()));
+  } catch (const Error& e) {
+    return report(error_kind_name(e.kind()), e.what(), exit_code_of(e.kind()));
   } catch (const std::bad_alloc& e) {
     return report("out of memory", fmt::format("an allocation failed ({}); try a smaller workload", e.what()),
                   kExitOutOfMemory);
@@ -69,3 +67,8 @@ int main(int argc, char** argv) {
   }
   return exit_code;
 }
+
+}  // namespace
+}  // namespace pagedattn::cli
+
+int main(int argc, char** argv) { return pagedattn::cli::run_cli(argc, argv); }
