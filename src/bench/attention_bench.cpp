@@ -8,9 +8,12 @@
 #include "bench/batch_spec.h"
 #include "bench/median.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -21,6 +24,16 @@ namespace {
 
 constexpr std::string_view kWhere = "bench";
 constexpr std::string_view kOracleBackend = "REFERENCE";
+// Metadata counts tokens in int and names blocks by int32 id, block 0 the null block.
+constexpr std::int64_t kMaxTokens = std::numeric_limits<std::int32_t>::max();
+constexpr std::int64_t kMaxBlocks = std::numeric_limits<std::int32_t>::max() - 1;
+constexpr double kKeyAndValue = 2.0;
+// The query, the output, and REFERENCE's checked copies of both at most.
+constexpr double kActivationCopies = 4.0;
+// Block ids, block tables and per-token metadata (slot mapping, positions), generously.
+constexpr double kMetadataBytesPerBlock = 16.0;
+constexpr double kMetadataBytesPerToken = 64.0;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 const AttentionBackend& find_backend(std::string_view name) {
   const AttentionBackend* b = BackendRegistry::instance().find(name);
@@ -58,12 +71,66 @@ struct Workload {
   BuilderParams builder;
 };
 
+// A spec's counts, summed in 64 bits and checked as they grow: its lengths
+// are ints, and their sums and block counts overflow one.
+struct WorkloadSize {
+  std::int64_t tokens = 0;  // query tokens
+  std::int64_t blocks = 0;  // KV blocks, the null block excluded
+  double bytes = 0.0;       // estimated peak memory
+};
+
+WorkloadSize size_workload(const BenchConfig& c, const std::vector<BatchRequest>& requests) {
+  WorkloadSize size;
+  for (const BatchRequest& r : requests) {
+    size.tokens += r.query_len;
+    size.blocks += (static_cast<std::int64_t>(r.seq_len) + c.block_size - 1) / c.block_size;
+    if (size.tokens > kMaxTokens) {
+      throw_invalid(kWhere, "spec", fmt::format("at most {} query tokens in all", kMaxTokens), c.spec);
+    }
+    if (size.blocks > kMaxBlocks) {
+      throw_invalid(kWhere, "spec",
+                    fmt::format("at most {} KV blocks of {} tokens in all", kMaxBlocks, c.block_size),
+                    c.spec);
+    }
+  }
+  const auto kv_elem = static_cast<double>(dtype_size(kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype)));
+  const double kv_bytes = static_cast<double>(size.blocks + 1) * c.block_size * c.num_kv_heads * c.head_size *
+                          kKeyAndValue * kv_elem;
+  const double activation_bytes = static_cast<double>(size.tokens) * c.num_heads * c.head_size *
+                                  kActivationCopies * static_cast<double>(dtype_size(c.dtype));
+  size.bytes = kv_bytes + activation_bytes + static_cast<double>(size.blocks) * kMetadataBytesPerBlock +
+               static_cast<double>(size.tokens) * kMetadataBytesPerToken;
+  return size;
+}
+
+// A workload larger than the machine's memory fails here, with its size,
+// rather than in an allocation the kernel may grant and later kill for.
+void check_fits_in_memory(const BenchConfig& c, const WorkloadSize& size) {
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && size.bytes > memory) {
+    throw Error(
+        ErrorKind::OutOfMemory,
+        fmt::format("{}: spec {} needs about {:.1f} GiB (KV cache, activations, metadata), more than this "
+                    "machine's {:.1f} GiB of memory",
+                    kWhere, c.spec, size.bytes / kGiB, memory / kGiB));
+  }
+}
+
+void check_shape(const BenchConfig& c) {
+  check_arg(c.num_heads >= 1, kWhere, "num_heads", ">= 1", c.num_heads);
+  check_arg(c.num_kv_heads >= 1, kWhere, "num_kv_heads", ">= 1", c.num_kv_heads);
+  check_arg(c.head_size >= 1, kWhere, "head_size", ">= 1", c.head_size);
+  check_arg(c.block_size >= 1, kWhere, "block_size", ">= 1", c.block_size);
+}
+
 Workload make_workload(const BenchConfig& c, const AttentionBackend& backend) {
   Workload w;
   w.requests = parse_batch_spec(c.spec);
+  const WorkloadSize size = size_workload(c, w.requests);
+  check_fits_in_memory(c, size);
+  const std::int64_t blocks = size.blocks;
   std::mt19937 rng(c.seed);
-  std::int64_t blocks = 0;
-  for (const BatchRequest& r : w.requests) blocks += (r.seq_len + c.block_size - 1) / c.block_size;
   // Block 0 stays the null block; the rest are handed out in random order.
   std::vector<std::int32_t> ids(static_cast<std::size_t>(blocks));
   std::iota(ids.begin(), ids.end(), 1);
@@ -71,7 +138,9 @@ Workload make_workload(const BenchConfig& c, const AttentionBackend& backend) {
   std::size_t next = 0;
   for (const BatchRequest& r : w.requests) {
     RequestSpec spec{r.query_len, r.seq_len, {}};
-    for (int b = 0; b < (r.seq_len + c.block_size - 1) / c.block_size; ++b) spec.blocks.push_back(ids[next++]);
+    const std::int64_t request_blocks =
+        (static_cast<std::int64_t>(r.seq_len) + c.block_size - 1) / c.block_size;
+    for (std::int64_t b = 0; b < request_blocks; ++b) spec.blocks.push_back(ids[next++]);
     w.specs.push_back(std::move(spec));
   }
   MetadataOptions options;
@@ -210,12 +279,19 @@ void fill_figures(Timed& t) {
 
 }  // namespace
 
+void check_bench_config(const BenchConfig& config) {
+  check_shape(config);
+  (void)find_backend(config.backend);
+  check_fits_in_memory(config, size_workload(config, parse_batch_spec(config.spec)));
+}
+
 BenchResult run_attention_bench(const BenchConfig& config) { return run_attention_benches({config}).front(); }
 
 std::vector<BenchResult> run_attention_benches(const std::vector<BenchConfig>& configs,
                                                const std::function<void()>& between_repeats) {
   check_arg(!configs.empty(), kWhere, "configs", "at least one", configs.size());
   for (const BenchConfig& c : configs) {
+    check_shape(c);
     check_arg(c.repeats >= 1, kWhere, "repeats", ">= 1", c.repeats);
     check_arg(c.warmup >= 0, kWhere, "warmup", ">= 0", c.warmup);
     check_arg(c.check_rows >= 1, kWhere, "check_rows", ">= 1", c.check_rows);

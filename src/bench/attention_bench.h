@@ -45,6 +45,11 @@ struct BenchResult {
   double gb_per_s = 0.0;
 };
 
+// Throws what run_attention_bench would for this config's shape, backend and
+// spec (a spec too large for the machine's memory included), without
+// allocating the workload: a caller checks every config before a long run.
+void check_bench_config(const BenchConfig& config);
+
 // Causal decoder attention, K/V already in the cache. Throws for a bad config.
 BenchResult run_attention_bench(const BenchConfig& config);
 

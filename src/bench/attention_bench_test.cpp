@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <pagedattn/error.h>
 
+#include "testing/expect_error.h"
+
 namespace pagedattn::bench {
 namespace {
 
@@ -72,10 +74,37 @@ TEST(AttentionBenchTest, SideBySideConfigsShareTheirRepeats) {
   EXPECT_THROW(run_attention_benches({}), Error);
 }
 
+TEST(AttentionBenchTest, RejectsABadShapeBeforeDividingByIt) {
+  BenchConfig c = small_config("q1");
+  c.block_size = 0;
+  test::expect_invalid([&] { (void)run_attention_bench(c); }, "block_size must be >= 1, got 0");
+  test::expect_invalid([&] { check_bench_config(c); }, "block_size must be >= 1, got 0");
+  c = small_config("q1");
+  c.num_kv_heads = -1;
+  test::expect_invalid([&] { (void)run_attention_bench(c); }, "num_kv_heads must be >= 1, got -1");
+}
+
+// Lengths near INT_MAX: the sums and block counts are formed in 64 bits and
+// checked, and a workload beyond the machine's memory is an OutOfMemory
+// naming its size, before anything of that size is allocated.
+TEST(AttentionBenchTest, SizesHugeSpecsWithoutOverflow) {
+  const BenchConfig huge = small_config("q2147483647");
+  test::expect_error(
+      ErrorKind::OutOfMemory, [&] { (void)run_attention_bench(huge); }, "spec q2147483647 needs about");
+  test::expect_error(
+      ErrorKind::OutOfMemory, [&] { check_bench_config(huge); }, "GiB of memory");
+  BenchConfig blocks = small_config("2q2147483647");
+  blocks.block_size = 1;
+  test::expect_invalid([&] { check_bench_config(blocks); }, "at most 2147483646 KV blocks of 1 tokens");
+  test::expect_invalid([&] { check_bench_config(small_config("2q2147483647")); },
+                       "at most 2147483647 query tokens");
+}
+
 TEST(AttentionBenchTest, RejectsAnUnknownBackend) {
   BenchConfig c = small_config("q8");
   c.backend = "NO_SUCH_BACKEND";
   EXPECT_THROW(run_attention_bench(c), Error);
+  EXPECT_THROW(check_bench_config(c), Error);
 }
 
 }  // namespace

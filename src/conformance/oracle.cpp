@@ -142,7 +142,8 @@ OracleOutput dense_attention(const OracleProblem& pb) {
       }
       // Softmax over [sink, scores...] per row, the sink column dropped after.
       for (int i = 0; i < M; ++i) {
-        const double* row = &scores[static_cast<std::size_t>(i) * N];
+        // data() + offset, not &scores[...]: with no keys (N == 0) the vector is empty.
+        const double* row = scores.data() + static_cast<std::size_t>(i) * N;
         const bool any_visible = std::any_of(row, row + N, [](double s) { return s != kNegInf; });
         const std::size_t token = first_token + i;
         if (!any_visible) continue;  // zeros, LSE -inf

@@ -52,7 +52,9 @@ void check_same_shape(const TensorView& t, const TensorView& like, std::string_v
 std::vector<std::int64_t> host_i64(const TensorView& t) {
   const std::vector<std::uint8_t> bytes = to_byte_vector(t);
   std::vector<std::int64_t> values(bytes.size() / sizeof(std::int64_t));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(std::int64_t));
+  // An empty tensor's vectors may hold null pointers, which memcpy must not
+  // get even for zero bytes.
+  if (!values.empty()) std::memcpy(values.data(), bytes.data(), values.size() * sizeof(std::int64_t));
   return values;
 }
 

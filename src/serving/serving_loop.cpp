@@ -2,11 +2,13 @@
 
 #include <pagedattn/conformance.h>
 #include <pagedattn/scalar.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 namespace pagedattn::serving {
 namespace {
@@ -38,11 +40,55 @@ float through_cache(float x, DType storage) {
   return load_as_float(cell.data(), storage);
 }
 
+// The KV caches and their float shadows, every layer: refused with its size
+// when beyond the machine's memory, rather than granted by the kernel and
+// killed for later. The factors are validated ints: the product is formed in
+// double, which cannot overflow.
+void check_fits_in_memory(const ServingOptions& o) {
+  constexpr double kKeyAndValue = 2.0;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const double rows = static_cast<double>(o.layers) * o.num_kv_blocks * o.block_size * o.kv_heads * o.head_size;
+  const auto storage = static_cast<double>(dtype_size(kv_cache_storage_dtype(o.cache_dtype, o.dtype)));
+  const double bytes = rows * kKeyAndValue * (storage + sizeof(float));
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (memory > 0 && bytes > memory) {
+    throw Error(ErrorKind::OutOfMemory,
+                fmt::format("ServingLoop: {} layers of {} KV blocks need about {:.1f} GiB (caches and their "
+                            "oracle shadows), more than this machine's {:.1f} GiB of memory",
+                            o.layers, o.num_kv_blocks, bytes / kGiB, memory / kGiB));
+  }
+}
+
+// Products of the counts below size the q/k/v rows and the K/V shadows: each
+// count is checked, and the products are formed in 64 bits against a bound.
+const ServingOptions& validated(const ServingOptions& o) {
+  constexpr const char* kWhere = "ServingLoop";
+  check_arg(o.layers >= 1, kWhere, "layers", ">= 1", o.layers);
+  check_arg(o.heads >= 1, kWhere, "heads", ">= 1", o.heads);
+  check_arg(o.kv_heads >= 1, kWhere, "kv_heads", ">= 1", o.kv_heads);
+  check_arg(o.head_size >= 1, kWhere, "head_size", ">= 1", o.head_size);
+  check_arg(o.block_size >= 1, kWhere, "block_size", ">= 1", o.block_size);
+  check_arg(o.num_kv_blocks >= 2, kWhere, "num_kv_blocks", ">= 2 (the null block and one more)",
+            o.num_kv_blocks);
+  check_arg(o.token_budget >= 1, kWhere, "token_budget", ">= 1", o.token_budget);
+  check_arg(o.max_num_seqs >= 1, kWhere, "max_num_seqs", ">= 1", o.max_num_seqs);
+  check_arg(o.check_every >= 0, kWhere, "check_every", ">= 0", o.check_every);
+  constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
+  const std::int64_t qkv_width = (std::int64_t{o.heads} + 2 * std::int64_t{o.kv_heads}) * o.head_size;
+  check_arg(qkv_width <= kMaxInt, kWhere, "(heads + 2 * kv_heads) * head_size", fmt::format("<= {}", kMaxInt),
+            qkv_width);
+  const std::int64_t slots = std::int64_t{o.num_kv_blocks} * o.block_size;
+  check_arg(slots <= kMaxInt, kWhere, "num_kv_blocks * block_size", fmt::format("<= {}", kMaxInt), slots);
+  check_fits_in_memory(o);
+  return o;
+}
+
 }  // namespace
 
 ServingLoop::ServingLoop(const ServingOptions& o, const AttentionBackend& backend,
                          std::vector<TraceRequest> trace)
-    : options_(o),
+    : options_(validated(o)),
       model_(ModelOptions{o.dtype, Device::cpu(), 1, std::string(backend.name())}),
       kv_(KVCacheManagerOptions{o.num_kv_blocks, o.block_size, o.prefix_caching, std::nullopt}),
       trace_(std::move(trace)),
@@ -63,9 +109,9 @@ ServingLoop::ServingLoop(const ServingOptions& o, const AttentionBackend& backen
   alloc.reserve_null_block = true;
   allocation_ = allocate_kv_caches(model_, alloc);
   builder_ = std::make_unique<ModelMetadataBuilder>(model_);
-  const auto shadow_size = static_cast<std::size_t>(o.num_kv_blocks) *
-                           static_cast<std::size_t>(o.block_size) *
-                           static_cast<std::size_t>(o.kv_heads * o.head_size);
+  const std::size_t shadow_size = static_cast<std::size_t>(o.num_kv_blocks) *
+                                  static_cast<std::size_t>(o.block_size) *
+                                  static_cast<std::size_t>(o.kv_heads) * static_cast<std::size_t>(o.head_size);
   key_shadow_.assign(static_cast<std::size_t>(o.layers), std::vector<float>(shadow_size));
   value_shadow_.assign(static_cast<std::size_t>(o.layers), std::vector<float>(shadow_size));
   stats_.requests = static_cast<int>(trace_.size());

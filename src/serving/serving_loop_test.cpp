@@ -6,12 +6,13 @@
 #include <pagedattn/error.h>
 #include <pagedattn/selector.h>
 
-#include <algorithm>
-
 #include "serving/serving_trace.h"
+#include "testing/expect_error.h"
 
 namespace pagedattn::serving {
 namespace {
+
+using test::expect_invalid;
 
 constexpr int kBlockSize = 16;
 constexpr int kSystemPrompt = 32;
@@ -59,25 +60,6 @@ ServingStats run_to_end(ServingLoop& loop) {
   return loop.stats();
 }
 
-TEST(ServingTrace, SeededWithSharedSystemPromptAndClippedLengths) {
-  const TraceOptions t = small_trace(20);
-  const auto a = make_trace(t);
-  const auto b = make_trace(t);
-  ASSERT_EQ(a.size(), 20U);
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].prompt, b[i].prompt);
-    EXPECT_LE(static_cast<int>(a[i].prompt.size()), kSystemPrompt + t.max_prompt_len);
-    EXPECT_LE(a[i].output_len, t.max_output_len);
-    EXPECT_TRUE(std::equal(a[0].prompt.begin(), a[0].prompt.begin() + kSystemPrompt, a[i].prompt.begin()));
-    if (i > 0) {
-      EXPECT_GE(a[i].arrival_step, a[i - 1].arrival_step);
-    }
-  }
-  TraceOptions bad = t;
-  bad.num_requests = 0;
-  EXPECT_THROW(make_trace(bad), Error);
-}
-
 TEST(ServingLoop, PreemptsUnderMemoryPressureAndStaysCorrect) {
   const ServingOptions o = small_model(20);  // 19 usable blocks = 304 slots
   ServingLoop loop(o, reference_backend(o), make_trace(small_trace(16)));
@@ -101,6 +83,27 @@ TEST(ServingLoop, RejectsRequestsLargerThanThePool) {
   EXPECT_EQ(s.checks_failed, 0) << (s.messages.empty() ? "" : s.messages.front());
   ASSERT_FALSE(s.messages.empty());
   EXPECT_NE(s.messages.front().find("rejected"), std::string::npos);
+}
+
+TEST(ServingLoop, RejectsBadOptionsBeforeSizingAnything) {
+  ServingOptions o = small_model(8);
+  const AttentionBackend& backend = reference_backend(o);
+  o.block_size = 0;
+  expect_invalid([&] { ServingLoop loop(o, backend, make_trace(small_trace(1))); },
+                 "block_size must be >= 1");
+  o = small_model(8);
+  o.heads = 1 << 20;
+  o.head_size = 1 << 12;  // (H + 2 Hkv) * D overflows an int
+  expect_invalid([&] { ServingLoop loop(o, backend, make_trace(small_trace(1))); },
+                 "(heads + 2 * kv_heads) * head_size must be <=");
+  o = small_model(1 << 20);
+  o.block_size = 1 << 12;  // num_kv_blocks * block_size overflows an int
+  expect_invalid([&] { ServingLoop loop(o, backend, make_trace(small_trace(1))); },
+                 "num_kv_blocks * block_size must be <=");
+  o.block_size = 1 << 10;  // 2^30 slots of 2 x 32 values, two layers: terabytes
+  test::expect_error(
+      ErrorKind::OutOfMemory, [&] { ServingLoop loop(o, backend, make_trace(small_trace(1))); },
+      "GiB of memory");
 }
 
 TEST(ServingLoop, PrefixCachingOffStillCorrect) {

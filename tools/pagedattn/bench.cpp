@@ -29,9 +29,17 @@ struct BenchOptions {
   int roofline_threads = 0;  // 0: PAGEDATTN_NUM_THREADS or the hardware's
 };
 
+// Far above any useful run, so a typo is caught before it runs for days.
+constexpr int kMaxRepeats = 1'000'000;
+// REFERENCE checks each row as a decode of its own prefix: beyond a few
+// thousand rows the check alone would take hours.
+constexpr int kMaxCheckRows = 4096;
+
 int default_threads() {
-  if (const char* env = std::getenv("PAGEDATTN_NUM_THREADS"); env != nullptr && std::atoi(env) > 0) {
-    return std::atoi(env);
+  if (const char* env = std::getenv("PAGEDATTN_NUM_THREADS"); env != nullptr) {
+    // strtol saturates where atoi's overflow is undefined.
+    const long n = std::strtol(env, nullptr, 10);
+    if (n > 0) return static_cast<int>(std::min<long>(n, kMaxThreads));
   }
   return std::max(1u, std::thread::hardware_concurrency());
 }
@@ -76,6 +84,15 @@ int run_bench(BenchOptions& o) {
   if (!layout) throw_invalid("bench", "--kv-layout", "NHD or HND", o.layout);
   o.config.layout = *layout;
   o.config.dtype = *dtype;
+  // Every spec is checked before the roofline and the first run take their time.
+  for (const std::string& spec : o.specs) {
+    for (const CacheDType kv : kvs) {
+      bench::BenchConfig c = o.config;
+      c.spec = spec;
+      c.kv_cache_dtype = kv;
+      bench::check_bench_config(c);
+    }
+  }
   bench::ReadProbe probe(o.roofline_threads > 0 ? o.roofline_threads : default_threads());
   const bench::Roofline roof = bench::measure_roofline(probe);
   nlohmann::json runs = nlohmann::json::array();
@@ -154,10 +171,18 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<BenchOptions>();
   cmd->add_option("specs", o->specs, "Batch specs, e.g. 8q1s8k q2k q1k_16q1s4k")->required();
   cmd->add_option("--backend", o->config.backend, "Backend to time")->capture_default_str();
-  cmd->add_option("--heads", o->config.num_heads, "Query heads")->capture_default_str();
-  cmd->add_option("--kv-heads", o->config.num_kv_heads, "KV heads")->capture_default_str();
-  cmd->add_option("--head-size", o->config.head_size, "Head size")->capture_default_str();
-  cmd->add_option("--block-size", o->config.block_size, "KV-cache block size")->capture_default_str();
+  cmd->add_option("--heads", o->config.num_heads, "Query heads")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxHeads));
+  cmd->add_option("--kv-heads", o->config.num_kv_heads, "KV heads")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxHeads));
+  cmd->add_option("--head-size", o->config.head_size, "Head size")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxHeadSize));
+  cmd->add_option("--block-size", o->config.block_size, "KV-cache block size")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxBlockSize));
   cmd->add_option("--dtype", o->dtype, "Model dtype: f32, f16, bf16")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtypes,
                   "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2; several (auto,fp8) are timed side by side, "
@@ -165,10 +190,18 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--kv-layout", o->layout, "Physical KV layout: NHD or HND")->capture_default_str();
-  cmd->add_option("--warmup", o->config.warmup, "Untimed runs first")->capture_default_str();
-  cmd->add_option("--repeats", o->config.repeats, "Timed runs (the median is reported)")->capture_default_str();
-  cmd->add_option("--check-rows", o->config.check_rows, "Query tokens checked against REFERENCE")->capture_default_str();
-  cmd->add_option("--roofline-threads", o->roofline_threads, "Threads of the roofline (default: PAGEDATTN_NUM_THREADS or all)");
+  cmd->add_option("--warmup", o->config.warmup, "Untimed runs first")
+      ->capture_default_str()
+      ->check(in_range(0, kMaxRepeats));
+  cmd->add_option("--repeats", o->config.repeats, "Timed runs (the median is reported)")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxRepeats));
+  cmd->add_option("--check-rows", o->config.check_rows, "Query tokens checked against REFERENCE")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxCheckRows));
+  cmd->add_option("--roofline-threads", o->roofline_threads,
+                  "Threads of the roofline (default: PAGEDATTN_NUM_THREADS or all)")
+      ->check(in_range(0, kMaxThreads));
   cmd->add_flag("--json", o->json, "Print one JSON report instead of the table");
   cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
 }

@@ -1,5 +1,8 @@
+#include <fmt/ranges.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/registry.h>
+
+#include <algorithm>
 
 #include "commands.h"
 
@@ -9,7 +12,7 @@ namespace {
 struct ConformanceOptions {
   std::string backend;
   std::vector<std::string> filters;
-  std::string device = "cpu";
+  std::string device;  // empty: the backend's device type, index 0 (cpu without --backend)
   int threads = 2;
   bool verbose = false;
   bool list = false;
@@ -27,37 +30,74 @@ ConformanceSummary run_one_backend(const AttentionBackend& backend, const Confor
   return summary;
 }
 
-int run_conformance_command(const ConformanceOptions& o) {
+// The explicit --device, else device 0 of the backend's type, else the CPU.
+Device choose_device(const ConformanceOptions& o, const AttentionBackend* backend) {
+  if (o.device.empty()) return Device{backend != nullptr ? backend->device_type() : DeviceType::CPU, 0};
   const auto device = parse_device(o.device);
   if (!device) throw_invalid("conformance", "--device", "cpu or cuda[:N]", o.device);
-  if (o.list) {
-    for (const ConformanceCase& c : conformance_grid()) {
-      if (matches_any(c, o.filters)) fmt::print("{}\n", c.id());
-    }
-    return kExitOk;
+  if (backend != nullptr && device->type != backend->device_type()) {
+    throw_invalid("conformance", "--device",
+                  fmt::format("a {} device (backend {} runs on {})", device_type_name(backend->device_type()),
+                              backend->name(), device_type_name(backend->device_type())),
+                  o.device);
   }
-  std::vector<const AttentionBackend*> backends;
+  return *device;
+}
+
+int run_conformance_command(const ConformanceOptions& o) {
+  if (o.list) {
+    int listed = 0;
+    for (const ConformanceCase& c : conformance_grid()) {
+      if (!matches_any(c, o.filters)) continue;
+      fmt::print("{}\n", c.id());
+      ++listed;
+    }
+    if (listed > 0) return kExitOk;
+    fmt::print(stderr, "error (nothing ran): no case id contains --filter '{}'\n", fmt::join(o.filters, "' or '"));
+    return kExitNothingRan;
+  }
+  const AttentionBackend* requested = nullptr;
   if (!o.backend.empty()) {
-    const AttentionBackend* b = BackendRegistry::instance().find(o.backend);
-    if (b == nullptr) {
+    requested = BackendRegistry::instance().find(o.backend);
+    if (requested == nullptr) {
       throw_invalid("conformance", "--backend", fmt::format("one of {}", BackendRegistry::instance().names()),
                     o.backend);
     }
-    backends.push_back(b);
+  }
+  const Device device = choose_device(o, requested);
+  const std::vector<Device> devices = available_devices();
+  if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+    fmt::print(stderr, "error (nothing ran): device {} is not available on this machine (devices: {})\n",
+               device, fmt::join(devices, ", "));
+    return kExitNothingRan;
+  }
+  std::vector<const AttentionBackend*> backends;
+  if (requested != nullptr) {
+    backends.push_back(requested);
   } else {
     for (const AttentionBackend* b : BackendRegistry::instance().all()) {
-      if (b->device_type() == device->type) backends.push_back(b);
+      if (b->device_type() == device.type) backends.push_back(b);
     }
   }
   ConformanceSummary total;
   for (const AttentionBackend* b : backends) {
-    const ConformanceSummary s = run_one_backend(*b, o, *device);
+    const ConformanceSummary s = run_one_backend(*b, o, device);
     total.passed += s.passed;
     total.failed += s.failed;
     total.skipped += s.skipped;
   }
   fmt::print("{}\n", format_summary(total));
-  return total.ok() ? kExitOk : kExitFailed;
+  if (total.passed + total.failed > 0) return total.ok() ? kExitOk : kExitFailed;
+  // A run that checked nothing proves nothing: say why and fail.
+  if (backends.empty()) {
+    fmt::print(stderr, "error (nothing ran): no backend runs on {}\n", device);
+  } else if (total.skipped == 0) {
+    fmt::print(stderr, "error (nothing ran): no case id contains --filter '{}'\n", fmt::join(o.filters, "' or '"));
+  } else {
+    fmt::print(stderr, "error (nothing ran): all {} cases were skipped on {} (reasons above)\n",
+               total.skipped, device);
+  }
+  return kExitNothingRan;
 }
 
 }  // namespace
@@ -71,8 +111,11 @@ void add_conformance_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--filter", o->filters,
                   "Run only cases whose id contains this text (an id reproduces one case); repeatable: any of them")
       ->allow_extra_args(false);
-  cmd->add_option("--device", o->device, "cpu or cuda[:N]")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Cases run in parallel")->capture_default_str()->check(CLI::Range(1, 256));
+  cmd->add_option("--device", o->device,
+                  "cpu or cuda[:N] (default: device 0 of the --backend's type; cpu without --backend)");
+  cmd->add_option("--threads", o->threads, "Cases run in parallel")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxThreads));
   cmd->add_flag("--verbose", o->verbose, "Print passing cases too");
   cmd->add_flag("--list", o->list, "List the case ids (after --filter) and exit");
   cmd->callback([o, &exit_code] { exit_code = run_conformance_command(*o); });

@@ -5,10 +5,14 @@
 #include <pagedattn/selector.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "commands.h"
 #include "serving/serving_loop.h"
@@ -49,6 +53,16 @@ struct RunOptions {
   std::uint32_t seed = 0;
   std::string json;
 };
+
+// Bounds of the options: far beyond a useful run on one machine, low enough
+// that the trace and the loop's sizes stay far from overflow.
+constexpr int kMaxLayers = 1024;
+constexpr int kMaxRequests = 1 << 16;
+constexpr int kMaxKvBlocks = 1 << 20;
+constexpr int kMaxTokens = 1 << 20;  // any one length option, and the token budget
+constexpr double kMinMedian = 1.0;
+constexpr double kMinArrivalRate = 1e-3;
+constexpr double kMaxArrivalRate = 1e6;
 
 constexpr int kBarWidth = 30;
 constexpr double kRedrawSeconds = 0.1;
@@ -139,7 +153,27 @@ nlohmann::json summary_json(const ServingStats& s, const std::string& backend, c
           {"messages", s.messages}};
 }
 
+// The medians' bounds depend on another option, which a validator cannot see.
+void check_median(std::string_view name, double median, std::string_view clip_name, int clip) {
+  if (median > clip)
+    throw_invalid("run", name, fmt::format("at most {} ({})", clip_name, clip), fmt::format("{}", median));
+}
+
+// Opened before the run, so a path that cannot be written fails in a second,
+// not after the whole run.
+std::ofstream open_json(const std::string& path) {
+  std::ofstream out(path);
+  if (!out)
+    throw_invalid("run", "--json", "a file that can be written",
+                  fmt::format("{} ({})", path, std::strerror(errno)));
+  return out;
+}
+
 int run_main_job(const RunOptions& o) {
+  check_median("--prompt-median", o.prompt_median, "--max-prompt", o.max_prompt);
+  check_median("--output-median", o.output_median, "--max-output", o.max_output);
+  std::ofstream json;
+  if (!o.json.empty()) json = open_json(o.json);
   const auto dtype = parse_dtype(o.dtype);
   if (!dtype) throw_invalid("run", "--dtype", "f32, f16 or bf16", o.dtype);
   const auto cache_dtype = parse_cache_dtype(o.kv_cache_dtype);
@@ -213,8 +247,17 @@ int run_main_job(const RunOptions& o) {
   fmt::print("  prefix-cache hits: {:.1f}% of looked-up tokens\n", s.prefix_hit_rate * kPercent);
   fmt::print("  preemptions:       {}\n", s.preemptions);
   fmt::print("check: {} passed, {} failed\n", s.checks_passed, s.checks_failed);
-  if (!o.json.empty())
-    std::ofstream(o.json) << summary_json(s, std::string(backend.name()), o).dump(2) << "\n";
+  if (json.is_open()) {
+    json << summary_json(s, std::string(backend.name()), o).dump(2) << "\n";
+    json.close();
+    if (!json)
+      throw std::system_error(errno, std::generic_category(), fmt::format("run: writing --json {}", o.json));
+  }
+  if (s.finished == 0) {
+    fmt::print(stderr, "error (nothing ran): no request finished: all {} were rejected (see above)\n",
+               s.rejected);
+    return kExitNothingRan;
+  }
   return s.checks_failed == 0 ? kExitOk : kExitFailed;
 }
 
@@ -226,51 +269,55 @@ void add_run_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<RunOptions>();
   cmd->add_option("--layers", o->layers, "Attention layers")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--heads", o->heads, "Query heads")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-heads", o->kv_heads, "KV heads")->capture_default_str()->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxLayers));
+  cmd->add_option("--heads", o->heads, "Query heads")->capture_default_str()->check(in_range(1, kMaxHeads));
+  cmd->add_option("--kv-heads", o->kv_heads, "KV heads")
+      ->capture_default_str()
+      ->check(in_range(1, kMaxHeads));
   cmd->add_option("--head-size", o->head_size, "Head size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxHeadSize));
   cmd->add_option("--dtype", o->dtype, "Model dtype")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype")->capture_default_str();
   cmd->add_option("--block-size", o->block_size, "KV block size")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxBlockSize));
   cmd->add_option("--requests", o->requests, "Requests in the trace")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxRequests));
   cmd->add_option("--kv-blocks", o->kv_blocks, "KV cache blocks, the null block included")
       ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
+      ->check(in_range(2, kMaxKvBlocks));
   cmd->add_option("--token-budget", o->token_budget, "Tokens per step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxTokens));
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "Running requests at most")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(1, kMaxRequests));
   cmd->add_option("--check-every", o->check_every, "Check every N-th step against the oracle (0 = never)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(in_range(0, std::numeric_limits<int>::max()));
   cmd->add_option("--system-prompt", o->system_prompt, "Shared system prompt tokens (0 = none)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(in_range(0, kMaxTokens));
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching, "Disable prefix caching");
-  cmd->add_option("--prompt-median", o->prompt_median, "Median prompt length (log-normal)")
+  cmd->add_option("--prompt-median", o->prompt_median,
+                  "Median prompt length (log-normal), at most --max-prompt")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--output-median", o->output_median, "Median output length (log-normal)")
+      ->check(in_range(kMinMedian, static_cast<double>(kMaxTokens)));
+  cmd->add_option("--output-median", o->output_median,
+                  "Median output length (log-normal), at most --max-output")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(kMinMedian, static_cast<double>(kMaxTokens)));
   cmd->add_option("--max-prompt", o->max_prompt, "Prompt length clip")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(serving::kMinLength, kMaxTokens));
   cmd->add_option("--max-output", o->max_output, "Output length clip")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(serving::kMinLength, kMaxTokens));
   cmd->add_option("--arrival-rate", o->arrival_rate, "Requests arriving per step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(kMinArrivalRate, kMaxArrivalRate));
   cmd->add_option("--backend", o->backend, "Backend name, or auto")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the summary as JSON to this file");

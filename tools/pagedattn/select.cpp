@@ -83,11 +83,12 @@ int run_select(const SelectOptions& o) {
 void add_select_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("select", "Explain which backend serves a configuration and why others don't");
   auto o = std::make_shared<SelectOptions>();
-  cmd->add_option("--head-size", o->head_size, "Head size")->required();
+  cmd->add_option("--head-size", o->head_size, "Head size")->required()->check(in_range(1, kMaxHeadSize));
   cmd->add_option("--dtype", o->dtype, "Model dtype (f32, f16, bf16)")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype (auto, fp8, fp8_e4m3, fp8_e5m2, ...)")
       ->capture_default_str();
-  cmd->add_option("--block-size", o->block_size, "KV cache block size (filtered only when given)");
+  cmd->add_option("--block-size", o->block_size, "KV cache block size (filtered only when given)")
+      ->check(in_range(1, kMaxBlockSize));
   cmd->add_flag("--sinks", o->sinks, "The model uses attention sinks");
   cmd->add_flag("--mla", o->mla, "Multi-head latent attention");
   cmd->add_flag("--non-causal", o->non_causal, "Non-causal decoder attention");
