@@ -7,6 +7,7 @@
 #include <pagedattn/selector.h>
 
 #include "serving/serving_trace.h"
+#include "serving/small_trace_test_util.h"
 #include "testing/expect_error.h"
 
 namespace pagedattn::serving {
@@ -15,20 +16,7 @@ namespace {
 using test::expect_invalid;
 
 constexpr int kBlockSize = 16;
-constexpr int kSystemPrompt = 32;
-
-TraceOptions small_trace(int num_requests) {
-  TraceOptions t;
-  t.num_requests = num_requests;
-  t.seed = 3;
-  t.system_prompt_len = kSystemPrompt;
-  t.prompt_median = 40;
-  t.output_median = 12;
-  t.max_prompt_len = 120;
-  t.max_output_len = 40;
-  t.arrivals_per_step = 2.0;
-  return t;
-}
+using test::small_trace;
 
 ServingOptions small_model(int num_kv_blocks) {
   ServingOptions o;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "serving/small_trace_test_util.h"
 #include "testing/expect_error.h"
 
 namespace pagedattn::serving {
@@ -16,20 +17,8 @@ namespace {
 
 using test::expect_invalid;
 
-constexpr int kSystemPrompt = 32;
-
-TraceOptions small_trace(int num_requests) {
-  TraceOptions t;
-  t.num_requests = num_requests;
-  t.seed = 3;
-  t.system_prompt_len = kSystemPrompt;
-  t.prompt_median = 40;
-  t.output_median = 12;
-  t.max_prompt_len = 120;
-  t.max_output_len = 40;
-  t.arrivals_per_step = 2.0;
-  return t;
-}
+constexpr int kSystemPrompt = test::kSmallTraceSystemPrompt;
+using test::small_trace;
 
 TEST(ServingTrace, SeededWithSharedSystemPromptAndClippedLengths) {
   const TraceOptions t = small_trace(20);
