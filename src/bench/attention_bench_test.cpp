@@ -93,11 +93,11 @@ TEST(AttentionBenchTest, SizesHugeSpecsWithoutOverflow) {
       ErrorKind::OutOfMemory, [&] { (void)run_attention_bench(huge); }, "spec q2147483647 needs about");
   test::expect_error(
       ErrorKind::OutOfMemory, [&] { check_bench_config(huge); }, "GiB of memory");
-  BenchConfig blocks = small_config("2q2147483647");
+  BenchConfig blocks = small_config("2q1s2147483647");
   blocks.block_size = 1;
   test::expect_invalid([&] { check_bench_config(blocks); }, "at most 2147483646 KV blocks of 1 tokens");
   test::expect_invalid([&] { check_bench_config(small_config("2q2147483647")); },
-                       "at most 2147483647 query tokens");
+                       "total query tokens must be <= 2147483647");
 }
 
 TEST(AttentionBenchTest, RejectsAnUnknownBackend) {
