@@ -1,5 +1,5 @@
 // CUDA kernels of the cache and state ops: raw pointers and POD params only
-// (DESIGN.md section 2). The op front-ends validated every argument; the
+// (docs/architecture.md, the dependency rule). The op front-ends validated every argument; the
 // launchers return a cudaError_t value (0 = success).
 #pragma once
 

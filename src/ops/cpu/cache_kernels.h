@@ -1,5 +1,5 @@
 // CPU kernels of the cache and state ops: raw pointers and POD params only
-// (DESIGN.md section 2). Every argument has been validated by the op's
+// (docs/architecture.md, the dependency rule). Every argument has been validated by the op's
 // front-end, so the kernels cannot fail and return nothing. Strides are in
 // elements; the last dimension of every row is contiguous unless a layout
 // below says otherwise.

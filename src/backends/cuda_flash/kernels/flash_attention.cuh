@@ -144,7 +144,7 @@ __device__ __forceinline__ int q_fragment_word(int r, int d) {
 
 // How the cache stores K/V. The fp8 format is a template parameter: chosen at
 // run time inside the key loop, the compiler ran both conversions and
-// selected (a quarter of the fp8 decode's instructions, perf.md attempt 18).
+// selected, which cost a quarter of the fp8 decode's instructions.
 enum class KvStore { Bits16, E4M3, E5M2 };
 
 template <KvStore kKv>
