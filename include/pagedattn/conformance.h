@@ -141,6 +141,10 @@ std::string_view case_status_name(CaseStatus status);
 struct CaseResult {
   CaseStatus status = CaseStatus::Passed;
   std::string message;  // why it failed, or why it was skipped
+  // XXH3-64 of the bytes of every forward's output and LSE buffers, guard
+  // regions included, in step order; 0 when no forward ran. Equal digests from
+  // two builds mean bitwise-equal results.
+  std::uint64_t digest = 0;
 };
 
 // Runs one case on `backend`. Unsupported combinations (the backend's

@@ -328,6 +328,20 @@ TEST(ConformanceCheckerTest, CatchesBrokenBackends) {
   }
 }
 
+// The digest tells two builds' bits apart: equal for the same bits, unequal
+// when one output element moves, and 0 when no forward ran.
+TEST(ConformanceCheckerTest, DigestIsTheOutputBits) {
+  const ConformanceCase& c = first_case_with("mixed_small,");
+  const CaseResult first = run_conformance_case(kReference, c);
+  const CaseResult again = run_conformance_case(kReference, c);
+  ASSERT_EQ(first.status, CaseStatus::Passed) << first.message;
+  EXPECT_NE(first.digest, 0u);
+  EXPECT_EQ(first.digest, again.digest);
+  EXPECT_NE(run_broken(Defect::PerturbOneElement, "mixed_small,").digest, first.digest);
+  EXPECT_NE(run_conformance_case(kReference, first_case_with("small_decode,")).digest, first.digest);
+  EXPECT_EQ(run_broken(Defect::NoSinks, "sinks").digest, 0u);
+}
+
 TEST(ConformanceCheckerTest, UnsupportedCasesAreSkipped) {
   const CaseResult r = run_broken(Defect::NoSinks, "sinks");
   EXPECT_EQ(r.status, CaseStatus::Skipped);

@@ -15,6 +15,10 @@
 #include <mutex>
 #include <thread>
 
+// Header-only, as in kv_cache_manager.cpp.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace pagedattn {
 
 namespace {
@@ -446,6 +450,7 @@ class CaseRun {
   std::vector<std::vector<std::int32_t>> blocks_;  // per request
   std::optional<CacheUnderTest> cache_;
   bool want_lse_ = false;
+  XXH3_state_t digest_;
 };
 
 void CaseRun::make_params() {
@@ -683,7 +688,11 @@ std::optional<std::string> CaseRun::forward_and_check(Step& step) {
     impl_->forward(layer_, step.query.views[0], key, value, cache, *step.metadata, out.view, lse.view);
     if (run == 0) {
       first_out = to_byte_vector(out.storage);
-      if (want_lse_) first_lse = to_byte_vector(lse.storage);
+      XXH3_64bits_update(&digest_, first_out.data(), first_out.size());
+      if (want_lse_) {
+        first_lse = to_byte_vector(lse.storage);
+        XXH3_64bits_update(&digest_, first_lse.data(), first_lse.size());
+      }
     } else if (to_byte_vector(out.storage) != first_out ||
                (want_lse_ && to_byte_vector(lse.storage) != first_lse)) {
       return fmt::format(
@@ -761,13 +770,14 @@ CaseResult CaseRun::run() {
   if (is_paged(c_.attn_type)) cache_.emplace(backend_, c_, num_blocks, device_);
   if (c_.attn_type == AttentionType::Decoder) write_context();
 
+  XXH3_64bits_reset(&digest_);
   for (std::size_t s = 0; s < steps.size(); ++s) {
-    if (auto bad = prepare_and_run(steps[s], s == 0)) return {CaseStatus::Failed, *bad};
+    if (auto bad = prepare_and_run(steps[s], s == 0)) return {CaseStatus::Failed, *bad, XXH3_64bits_digest(&digest_)};
   }
   if (cache_) {
-    if (auto bad = cache_->check()) return {CaseStatus::Failed, *bad};
+    if (auto bad = cache_->check()) return {CaseStatus::Failed, *bad, XXH3_64bits_digest(&digest_)};
   }
-  return {CaseStatus::Passed, {}};
+  return {CaseStatus::Passed, {}, XXH3_64bits_digest(&digest_)};
 }
 
 void count(ConformanceSummary& summary, CaseStatus status) {

@@ -3,6 +3,8 @@
 #include <pagedattn/registry.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <memory>
 
 #include "commands.h"
 
@@ -16,11 +18,16 @@ struct ConformanceOptions {
   int threads = 2;
   bool verbose = false;
   bool list = false;
+  std::string digests;  // file for one "<backend> <case id> <status> <digest>" line per case
 };
 
-ConformanceSummary run_one_backend(const AttentionBackend& backend, const ConformanceOptions& o, Device device) {
+ConformanceSummary run_one_backend(const AttentionBackend& backend, const ConformanceOptions& o, Device device,
+                                   std::FILE* digests) {
   fmt::print("backend {} on {}\n", backend.name(), device);
   const auto on_case = [&](const ConformanceCase& c, const CaseResult& r) {
+    if (digests != nullptr) {
+      fmt::print(digests, "{} {} {} {:016x}\n", backend.name(), c.id(), case_status_name(r.status), r.digest);
+    }
     if (r.status == CaseStatus::Passed && !o.verbose) return;
     fmt::print("  {} {}{}{}\n", case_status_name(r.status), c.id(), r.message.empty() ? "" : ": ", r.message);
   };
@@ -79,9 +86,14 @@ int run_conformance_command(const ConformanceOptions& o) {
       if (b->device_type() == device.type) backends.push_back(b);
     }
   }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> digests(nullptr, &std::fclose);
+  if (!o.digests.empty()) {
+    digests.reset(std::fopen(o.digests.c_str(), "w"));
+    if (!digests) throw_invalid("conformance", "--digests", "a writable file", o.digests);
+  }
   ConformanceSummary total;
   for (const AttentionBackend* b : backends) {
-    const ConformanceSummary s = run_one_backend(*b, o, device);
+    const ConformanceSummary s = run_one_backend(*b, o, device, digests.get());
     total.passed += s.passed;
     total.failed += s.failed;
     total.skipped += s.skipped;
@@ -118,6 +130,9 @@ void add_conformance_command(CLI::App& app, int& exit_code) {
       ->check(in_range(1, kMaxThreads));
   cmd->add_flag("--verbose", o->verbose, "Print passing cases too");
   cmd->add_flag("--list", o->list, "List the case ids (after --filter) and exit");
+  cmd->add_option("--digests", o->digests,
+                  "Write '<backend> <case id> <status> <digest>' per case: a hash of its output and LSE bits, "
+                  "to compare two builds with diff");
   cmd->callback([o, &exit_code] { exit_code = run_conformance_command(*o); });
 }
 
