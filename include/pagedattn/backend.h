@@ -139,11 +139,18 @@ struct KernelPlan {
 };
 
 // A backend's per-step metadata (its "plan"); built once per step, read by
-// every layer's forward.
+// every layer's forward. Builders fill `common` and `facts` through
+// adopt_step, which validates the step once: forward then checks only what
+// is O(1) (its tensors against the plan, and the cache against `facts`).
 struct BackendMetadata {
   virtual ~BackendMetadata() = default;
-  CommonAttentionMetadata common;
+  CommonAttentionMetadata common;  // the plan's own host arrays (with_own_host_arrays)
+  std::optional<StepFacts> facts;  // set by adopt_step; unset: no builder validated it
 };
+
+// Validates `common` (CommonAttentionMetadata::validate) and stores in
+// `metadata` a copy with its own host arrays and the facts forward checks.
+void adopt_step(std::string_view where, const CommonAttentionMetadata& common, BackendMetadata& metadata);
 
 struct BuilderParams {
   int block_size = 16;

@@ -14,6 +14,14 @@ namespace pagedattn {
 // sinks sized [num_heads], a positive window, a non-negative soft cap.
 void check_impl_params(std::string_view where, const AttentionImplParams& params);
 
+// One half of the paged cache: [NB, BS, Hkv, D] in `storage`, any strides,
+// last dimension contiguous.
+void check_cache_half(std::string_view where, const TensorView& t, std::string_view name, Device device,
+                      DType storage, int num_kv_heads, int head_size);
+// A per-tensor ([1]) or per-KV-head ([Hkv]) f32 fp8 dequantization scale.
+void check_kv_scale(std::string_view where, const TensorView& scale, std::string_view name, Device device,
+                    int num_kv_heads);
+
 // What check_forward_args learned about the call.
 struct ForwardShape {
   bool paged = false;            // K/V come from the cache (decoder, cross) rather than key/value rows
@@ -25,16 +33,17 @@ struct ForwardShape {
 };
 
 // Checks forward's arguments (shapes in the AttentionImpl::forward comment)
-// against the impl's params and `device`: query/output [>= T, H, D], key/value
-// [>= T, Hkv, D] for encoder types, the cache halves [NB, BS, Hkv, D] in the
-// storage dtype for paged types, fp8 scales [1] or [Hkv], lse [H, >= T] f32,
-// the metadata's consistency and block ids against the cache (host copies
-// only: no device synchronization), and seq_len == q_len for encoder types.
+// against the impl's params and `device`, in time independent of the batch:
+// query/output [>= T, H, D], key/value [>= T, Hkv, D] for encoder types, the
+// cache halves [NB, BS, Hkv, D] in the storage dtype for paged types, fp8
+// scales [1] or [Hkv], lse [H, >= T] f32; that a builder validated the
+// metadata (adopt_step); the step's block ids against this cache, and
+// seq_len == q_len for encoder types, from the metadata's facts.
 // `output_dtypes` lists the output dtypes the backend can write.
 ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& params, Device device,
                                 const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                                 const TensorView& value, const KVCacheView& kv_cache,
-                                const CommonAttentionMetadata& common, const TensorView& output,
+                                const BackendMetadata& metadata, const TensorView& output,
                                 const TensorView& lse, std::span<const DType> output_dtypes);
 
 }  // namespace pagedattn

@@ -16,6 +16,26 @@ inline constexpr std::int64_t kPadSlotId = -1;
 // Block 0 may be reserved as the null block (vLLM's NULL_BLOCK_ID).
 inline constexpr std::int32_t kNullBlockId = 0;
 
+// A block-table entry: the id and where it sits.
+struct BlockRef {
+  std::int32_t id = 0;
+  int request = 0;
+  std::int64_t index = 0;  // position in the request's row
+};
+
+// What CommonAttentionMetadata::validate establishes beyond consistency, kept
+// so that each layer's forward checks its own cache and attention type
+// against the step in O(1) instead of walking the batch again.
+struct StepFacts {
+  // The smallest and largest block id any request reads (its first
+  // ceil(seq_len / block_size) entries); unset when no request reads one.
+  std::optional<BlockRef> lowest_block;
+  std::optional<BlockRef> highest_block;
+  // The first request whose seq_len differs from its query length (encoder
+  // attention requires equal ones); -1 when none does.
+  int first_seq_len_not_query_len = -1;
+};
+
 // For request r: q_len = query_start_loc[r+1] - query_start_loc[r]; its query
 // tokens are the last q_len positions of its seq_lens[r] tokens. Tokens at
 // index >= num_actual_tokens (padding) are neither attended nor written.
@@ -47,10 +67,21 @@ struct CommonAttentionMetadata {
   int context_len(int r) const { return seq_len(r) - query_len(r); }
 
   // Checks the internal consistency of every field (monotonic query_start_loc,
-  // seq_len >= q_len, shapes, dtypes, devices, block ids < num_blocks when
-  // num_blocks > 0) and throws InvalidArgument naming the first offending field.
-  void validate(std::string_view where, std::int64_t num_blocks = 0) const;
+  // seq_len >= q_len, shapes, dtypes, devices, block ids and slots within
+  // num_blocks when num_blocks > 0) and throws InvalidArgument naming the
+  // first offending field. Returns what it learned about the block ids and
+  // lengths (check_block_ids compares those with a cache in O(1)).
+  StepFacts validate(std::string_view where, std::int64_t num_blocks = 0) const;
+
+  // A copy whose host arrays (and, on the CPU, the device arrays, which are
+  // the same tensors there) are its own: a plan built from it cannot be
+  // changed by later writes to the caller's tensors.
+  CommonAttentionMetadata with_own_host_arrays() const;
 };
+
+// Throws what validate(where, num_blocks) throws for a block id outside
+// [0, num_blocks), in O(1) from the step's facts.
+void check_block_ids(std::string_view where, const StepFacts& facts, std::int64_t num_blocks);
 
 // Describes one request of a batch for make_common_metadata.
 struct RequestSpec {

@@ -161,9 +161,10 @@ Tensor make_tensor(Dims shape, unsigned seed, DType dtype = DType::F32) {
   return Tensor::from_floats(pattern(static_cast<std::size_t>(n), seed), shape, dtype);
 }
 
-std::shared_ptr<const BackendMetadata> as_backend_metadata(CommonAttentionMetadata common) {
+// What a builder of a backend without metadata of its own makes of `common`.
+std::shared_ptr<const BackendMetadata> as_backend_metadata(const CommonAttentionMetadata& common) {
   auto md = std::make_shared<BackendMetadata>();
-  md->common = std::move(common);
+  adopt_step("test", common, *md);
   return md;
 }
 

@@ -244,6 +244,11 @@ AttentionProblem make_attention_problem(const AttentionImplParams& params, int b
   return p;
 }
 
+void adopt_step(std::string_view where, const CommonAttentionMetadata& common, BackendMetadata& metadata) {
+  metadata.facts = common.validate(where);
+  metadata.common = common.with_own_host_arrays();
+}
+
 void require_supported(const KernelPlan& plan, std::string_view backend_name) {
   if (plan.supported()) return;
   std::string joined;

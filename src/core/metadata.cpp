@@ -206,7 +206,7 @@ int CommonAttentionMetadata::query_len(int r) const {
   return loc[static_cast<std::size_t>(r) + 1] - loc[static_cast<std::size_t>(r)];
 }
 
-void CommonAttentionMetadata::validate(std::string_view where, std::int64_t num_blocks) const {
+StepFacts CommonAttentionMetadata::validate(std::string_view where, std::int64_t num_blocks) const {
   const auto fail = [&](std::string_view field, const std::string& expected, const std::string& actual) {
     throw_invalid(where, field, expected, actual);
   };
@@ -236,6 +236,7 @@ void CommonAttentionMetadata::validate(std::string_view where, std::int64_t num_
     check_size(*encoder_seq_lens_cpu, 0, where, "encoder_seq_lens_cpu", batch);
   }
 
+  StepFacts facts;
   const auto loc = query_start_loc_host();
   if (loc[0] != 0) fail("query_start_loc[0]", "0", std::to_string(loc[0]));
   int max_q = 0;
@@ -263,6 +264,7 @@ void CommonAttentionMetadata::validate(std::string_view where, std::int64_t num_
     }
     max_q = std::max(max_q, q_len);
     max_s = std::max(max_s, s_len);
+    if (s_len != q_len && facts.first_seq_len_not_query_len < 0) facts.first_seq_len_not_query_len = r;
 
     const std::int64_t used_blocks = ceil_div(s_len, block_size);
     if (used_blocks > table_width) {
@@ -270,15 +272,14 @@ void CommonAttentionMetadata::validate(std::string_view where, std::int64_t num_
            fmt::format(">= ceil(seq_len {} / block_size {}) = {}", s_len, block_size, used_blocks),
            std::to_string(table_width));
     }
-    if (num_blocks > 0) {
-      const auto row = block_table_host_row(r);
-      for (std::int64_t b = 0; b < used_blocks; ++b) {
-        const std::int32_t id = row[static_cast<std::size_t>(b)];
-        if (id < 0 || id >= num_blocks) {
-          fail(fmt::format("block_table[{}][{}]", r, b), fmt::format("in [0, {})", num_blocks),
-               std::to_string(id));
-        }
+    const auto row = used_blocks > 0 ? block_table_host_row(r) : std::span<const std::int32_t>{};
+    for (std::int64_t b = 0; b < used_blocks; ++b) {
+      const std::int32_t id = row[static_cast<std::size_t>(b)];
+      if (num_blocks > 0 && (id < 0 || id >= num_blocks)) {
+        fail(fmt::format("block_table[{}][{}]", r, b), fmt::format("in [0, {})", num_blocks), std::to_string(id));
       }
+      if (!facts.lowest_block || id < facts.lowest_block->id) facts.lowest_block = BlockRef{id, r, b};
+      if (!facts.highest_block || id > facts.highest_block->id) facts.highest_block = BlockRef{id, r, b};
     }
   }
   if (num_actual_tokens != loc[static_cast<std::size_t>(batch)]) {
@@ -310,6 +311,30 @@ void CommonAttentionMetadata::validate(std::string_view where, std::int64_t num_
       }
     }
   }
+  return facts;
+}
+
+void check_block_ids(std::string_view where, const StepFacts& facts, std::int64_t num_blocks) {
+  for (const std::optional<BlockRef>& ref : {facts.lowest_block, facts.highest_block}) {
+    if (ref && (ref->id < 0 || ref->id >= num_blocks)) {
+      throw_invalid(where, fmt::format("block_table[{}][{}]", ref->request, ref->index),
+                    fmt::format("in [0, {})", num_blocks), std::to_string(ref->id));
+    }
+  }
+}
+
+CommonAttentionMetadata CommonAttentionMetadata::with_own_host_arrays() const {
+  CommonAttentionMetadata copy = *this;
+  const bool on_cpu = device().is_cpu();
+  for (auto [host, dev] : {std::pair{&copy.query_start_loc_cpu, &copy.query_start_loc},
+                           std::pair{&copy.seq_lens_cpu, &copy.seq_lens},
+                           std::pair{&copy.block_table_cpu, &copy.block_table}}) {
+    const bool shared = host->data() == dev->data();
+    *host = host->clone();
+    if (on_cpu && shared) *dev = *host;
+  }
+  if (copy.encoder_seq_lens_cpu) copy.encoder_seq_lens_cpu = copy.encoder_seq_lens_cpu->clone();
+  return copy;
 }
 
 std::vector<std::int64_t> slots_for_positions(std::span<const std::int32_t> blocks, int block_size, int first,

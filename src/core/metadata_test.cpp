@@ -277,6 +277,32 @@ TEST(MetadataValidate, BlockAndSlotRangesAreSkippedWithoutACache) {
   expect_invalid([&] { md.validate("check", 6); }, "block_table[0][0]");
 }
 
+// validate() records the extreme block ids and where they sit, so that a
+// forward checks its cache in O(1) with the message validate would give.
+TEST(MetadataValidate, FactsBoundTheBlockIdsForAnO1Check) {
+  const CommonAttentionMetadata md = mixed_metadata();  // rows {5, 2}, {3, 0}
+  const StepFacts facts = md.validate("check");
+  ASSERT_TRUE(facts.lowest_block && facts.highest_block);
+  EXPECT_EQ(facts.lowest_block->id, 0);
+  EXPECT_EQ(facts.lowest_block->request, 1);
+  EXPECT_EQ(facts.lowest_block->index, 1);
+  EXPECT_EQ(facts.highest_block->id, 5);
+  EXPECT_EQ(facts.first_seq_len_not_query_len, 0);
+  EXPECT_NO_THROW(check_block_ids("check", facts, 6));
+  expect_invalid([&] { check_block_ids("check", facts, 5); }, "block_table[0][0] must be in [0, 5), got 5");
+  expect_invalid([&] { md.validate("check", 5); }, "block_table[0][0] must be in [0, 5), got 5");
+}
+
+TEST(MetadataValidate, OwnHostArraysAreCopies) {
+  CommonAttentionMetadata md = mixed_metadata();
+  const CommonAttentionMetadata own = md.with_own_host_arrays();
+  mutable_i32(md.block_table_cpu)[0] = 1000;
+  mutable_i32(md.seq_lens_cpu)[0] = 1;
+  EXPECT_EQ(own.block_table_host_row(0)[0], 5);
+  EXPECT_EQ(own.seq_len(0), 7);
+  EXPECT_EQ(own.block_table.data(), own.block_table_cpu.data());  // one tensor on the CPU, as before
+}
+
 // ------------------------------------------------------------ ForwardContext
 
 std::shared_ptr<const BackendMetadata> metadata_with_tokens(int tokens) {

@@ -83,7 +83,7 @@ ForwardShape CpuAttnImpl::check(const LayerQuantState& layer, const TensorView& 
   check_arg(md->num_kv_heads == params_.num_kv_heads, kWhere, "metadata num_kv_heads", params_.num_kv_heads,
             md->num_kv_heads);
   const DType output_dtypes[] = {params_.dtype};
-  return check_forward_args(kWhere, params_, Device::cpu(), layer, query, key, value, kv_cache, md->common, output,
+  return check_forward_args(kWhere, params_, Device::cpu(), layer, query, key, value, kv_cache, *md, output,
                             lse, output_dtypes);
 }
 

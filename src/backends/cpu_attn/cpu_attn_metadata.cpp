@@ -21,13 +21,12 @@ CpuAttnMetadataBuilder::CpuAttnMetadataBuilder(const BuilderParams& params) : pa
 }
 
 std::shared_ptr<const BackendMetadata> CpuAttnMetadataBuilder::build(const CommonAttentionMetadata& common) {
-  common.validate("CPU_ATTN builder");
-  check_arg(common.device().is_cpu(), "CPU_ATTN builder", "metadata device", "cpu", device_name(common.device()));
   auto md = std::make_shared<CpuAttnMetadata>();
-  md->common = common;
+  adopt_step("CPU_ATTN builder", common, *md);
+  check_arg(common.device().is_cpu(), "CPU_ATTN builder", "metadata device", "cpu", device_name(common.device()));
   md->num_kv_heads = params_.num_kv_heads;
-  md->plan = cpu_attn::make_work_plan(common.query_start_loc_host(), common.seq_lens_host(),
-                                      params_.num_kv_heads, common.causal,
+  md->plan = cpu_attn::make_work_plan(md->common.query_start_loc_host(), md->common.seq_lens_host(),
+                                      params_.num_kv_heads, md->common.causal,
                                       kMinDecodeItemsPerThread * cpu_attn::ThreadPool::instance().size());
   return md;
 }

@@ -83,8 +83,10 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     sm_version_ = cuda::compute_capability(params_.device.index);
   }
 
-  std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
-    common.validate(kWhere);
+  std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& step) override {
+    auto metadata = std::make_shared<FlashMetadata>();
+    adopt_step(kWhere, step, *metadata);
+    const CommonAttentionMetadata& common = metadata->common;
     check_arg(common.device() == params_.device, kWhere, "metadata device", params_.device, common.device());
     if (common.block_size > 0) {
       check_arg(common.block_size == params_.block_size, kWhere, "metadata block_size",
@@ -99,7 +101,9 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     const TensorView& bt = common.block_table_cpu;
     const std::int64_t bt_rows = bt.defined() ? bt.size(0) : 0;
     const std::int64_t bt_cols = bt.defined() && bt.dim() == 2 ? bt.size(1) : 0;
-    const int partial_heads = params_.num_kv_heads * kPartialGroupHint;
+    // Sized for the largest layer: forward never allocates.
+    const int partial_heads =
+        params_.num_heads > 0 ? params_.num_heads : params_.num_kv_heads * kPartialGroupHint;
     // The region offsets depend only on the capacities, never on this step's
     // counts: a captured graph keeps reading the same addresses.
     const Capacity need{plan.items.size(), plan.combine.size(), static_cast<std::size_t>(bt_rows * bt_cols),
@@ -133,8 +137,6 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     cuda::check_cuda(cudaMemcpyAsync(dev, host, upload_bytes, cudaMemcpyHostToDevice, stream), kWhere);
     slot.record(stream);
 
-    auto metadata = std::make_shared<FlashMetadata>();
-    metadata->common = common;
     metadata->workspace = workspace_;
     metadata->header = reinterpret_cast<const PlanHeader*>(dev);
     metadata->items = reinterpret_cast<const WorkItem*>(dev + layout.items);

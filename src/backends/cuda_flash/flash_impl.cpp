@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 #include <pagedattn/error.h>
+#include <pagedattn/impl_checks.h>
 #include <pagedattn/ops.h>
 
 #include <algorithm>
@@ -36,73 +37,12 @@ void check_vector_aligned(const TensorView& t, std::string_view name) {
   }
 }
 
-void check_rows(const TensorView& t, std::string_view name, Device device, std::int64_t min_rows,
-                std::int64_t heads, std::int64_t head_size, DType dtype) {
-  check_rank(t, kForwardWhere, name, 3);
-  check_dtype(t, kForwardWhere, name, dtype);
-  check_device(t, kForwardWhere, name, device);
-  check_size(t, 1, kForwardWhere, name, heads);
-  check_size(t, 2, kForwardWhere, name, head_size);
-  check_last_dim_contiguous(t, kForwardWhere, name);
-  check_arg(t.size(0) >= min_rows, kForwardWhere, fmt::format("{}.size(0)", name),
-            fmt::format(">= num_actual_tokens ({})", min_rows), t.size(0));
-  check_vector_aligned(t, name);
-}
-
-void check_cache_half(const TensorView& t, std::string_view where, std::string_view name, Device device, DType storage,
-                      int num_kv_heads, int head_size) {
-  check_rank(t, where, name, 4);
-  check_dtype(t, where, name, storage);
-  check_device(t, where, name, device);
-  check_size(t, 2, where, name, num_kv_heads);
-  check_size(t, 3, where, name, head_size);
-  check_last_dim_contiguous(t, where, name);
-}
-
-void check_kv_scale(const TensorView& scale, std::string_view where, std::string_view name, Device device,
-                    int num_kv_heads) {
-  check_arg(scale.defined(), where, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache", "undefined");
-  check_rank(scale, where, name, 1);
-  check_dtype(scale, where, name, DType::F32);
-  check_device(scale, where, name, device);
-  check_arg(scale.size(0) == 1 || scale.size(0) == num_kv_heads, where, fmt::format("{}.size(0)", name),
-            fmt::format("1 or num_kv_heads ({})", num_kv_heads), scale.size(0));
-}
-
-// Every block id a request uses addresses a block of the cache (read from the
-// host copy of the block table; the kernel bounds-checks them again).
-void check_block_ids(const CommonAttentionMetadata& common, std::int64_t num_blocks) {
-  for (int r = 0; r < common.num_reqs; ++r) {
-    const std::span<const std::int32_t> row = common.block_table_host_row(r);
-    const std::int64_t used = (common.seq_len(r) + common.block_size - 1) / std::max(common.block_size, 1);
-    for (std::int64_t b = 0; b < used && b < std::ssize(row); ++b) {
-      const std::int32_t id = row[static_cast<std::size_t>(b)];
-      // Messages are formatted only on failure: this loop runs per block per layer.
-      if (id < 0 || id >= num_blocks) {
-        throw_invalid(kForwardWhere, fmt::format("block_table[{}][{}]", r, b), fmt::format("in [0, {})", num_blocks),
-                      std::to_string(id));
-      }
-    }
-  }
-}
-
 class FlashImpl final : public AttentionImpl {
  public:
   FlashImpl(AttentionImplParams params, const AttentionBackend& backend)
       : AttentionImpl(std::move(params)), backend_(backend) {
     const AttentionImplParams& p = params_;
-    check_arg(p.num_heads > 0, kImplWhere, "num_heads", "> 0", p.num_heads);
-    check_arg(p.num_kv_heads > 0, kImplWhere, "num_kv_heads", "> 0", p.num_kv_heads);
-    check_arg(p.num_heads % p.num_kv_heads == 0, kImplWhere, "num_heads",
-              fmt::format("a multiple of num_kv_heads ({})", p.num_kv_heads), p.num_heads);
-    check_arg(p.alibi_slopes.empty() || std::ssize(p.alibi_slopes) == p.num_heads, kImplWhere,
-              "alibi_slopes.size()", fmt::format("0 or num_heads ({})", p.num_heads), p.alibi_slopes.size());
-    check_arg(p.sinks.empty() || std::ssize(p.sinks) == p.num_heads, kImplWhere, "sinks.size()",
-              fmt::format("0 or num_heads ({})", p.num_heads), p.sinks.size());
-    if (p.sliding_window) check_arg(*p.sliding_window > 0, kImplWhere, "sliding_window", "> 0", *p.sliding_window);
-    if (p.logits_soft_cap) {
-      check_arg(*p.logits_soft_cap >= 0.0f, kImplWhere, "logits_soft_cap", ">= 0", *p.logits_soft_cap);
-    }
+    check_impl_params(kImplWhere, p);
     check_arg(p.device.is_cuda(), kImplWhere, "device", "a CUDA device", p.device);
     require_supported(backend_.plan_kernel(make_attention_problem(p, 0, nullptr, false, false)), backend_.name());
     // Per-head constants live on the device for the whole life of the layer.
@@ -129,11 +69,7 @@ class FlashImpl final : public AttentionImpl {
   struct CheckedForward {
     const FlashMetadata* plan = nullptr;
     int tokens = 0;
-    bool paged = false;
-    DType storage = DType::BF16;
-    bool fp8 = false;
-    std::int64_t num_blocks = 0;
-    int block_size = 0;
+    ForwardShape shape;
   };
   CheckedForward check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                        const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
@@ -152,68 +88,31 @@ FlashImpl::CheckedForward FlashImpl::check(const LayerQuantState& layer, const T
   const auto* plan = dynamic_cast<const FlashMetadata*>(&metadata);
   check_arg(plan != nullptr, kForwardWhere, "metadata", "metadata built by the CUDA_FLASH builder",
             "metadata of another backend");
-  const CommonAttentionMetadata& common = metadata.common;
-  const int tokens = common.num_actual_tokens;
-  const bool paged = uses_paged_cache(p.attn_type);
-  const Device device = p.device;
-
-  check_arg(common.device() == device, kForwardWhere, "metadata device", device, common.device());
-  check_arg(plan->head_size == p.head_size, kForwardWhere, "metadata head_size",
-            fmt::format("the layer's head_size ({})", p.head_size), plan->head_size);
-  check_rows(query, "query", device, tokens, p.num_heads, p.head_size, p.dtype);
-  check_rows(output, "output", device, tokens, p.num_heads, p.head_size, p.dtype);
-  if (lse.defined()) {
-    check_rank(lse, kForwardWhere, "lse", 2);
-    check_dtype(lse, kForwardWhere, "lse", DType::F32);
-    check_device(lse, kForwardWhere, "lse", device);
-    check_size(lse, 0, kForwardWhere, "lse", p.num_heads);
-    check_arg(lse.size(1) >= tokens, kForwardWhere, "lse.size(1)", fmt::format(">= num_actual_tokens ({})", tokens),
-              lse.size(1));
+  check_arg(plan->head_size == p.head_size, kForwardWhere, "metadata head_size", p.head_size, plan->head_size);
+  // The partial-output region holds plan->partial_heads query heads per token.
+  if (plan->partial_token_rows > 0 && p.num_heads > plan->partial_heads) {
+    throw_invalid(kForwardWhere, "metadata partial heads",
+                  fmt::format(">= the layer's num_heads ({}): BuilderParams::num_heads is the largest of the layers",
+                              p.num_heads),
+                  std::to_string(plan->partial_heads));
   }
-
-  const DType storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
-  const bool fp8 = is_quantized_kv_cache(p.kv_cache_dtype);
-  std::int64_t num_blocks = 0;
-  int block_size = common.block_size;
-  if (paged) {
+  if (uses_paged_cache(p.attn_type)) {
     check_arg(kv_cache.key_packing == KeyPacking::None, kForwardWhere, "kv_cache.key_packing",
               "none (CUDA_FLASH reads row-major K)", key_packing_name(kv_cache.key_packing));
-    check_arg(kv_cache.defined(), kForwardWhere, "kv_cache", "a bound KV cache", "undefined");
-    check_cache_half(kv_cache.key, kForwardWhere, "kv_cache.key", device, storage, p.num_kv_heads, p.head_size);
-    check_cache_half(kv_cache.value, kForwardWhere, "kv_cache.value", device, storage, p.num_kv_heads, p.head_size);
-    check_arg(kv_cache.value.shape() == kv_cache.key.shape(), kForwardWhere, "kv_cache.value shape",
-              kv_cache.key.shape().str(), kv_cache.value.shape().str());
+  }
+  const DType output_dtypes[] = {p.dtype};
+  const ForwardShape shape = check_forward_args(kForwardWhere, p, p.device, layer, query, key, value, kv_cache,
+                                                metadata, output, lse, output_dtypes);
+  check_vector_aligned(query, "query");
+  check_vector_aligned(output, "output");
+  if (shape.paged) {
     check_vector_aligned(kv_cache.key, "kv_cache.key");
     check_vector_aligned(kv_cache.value, "kv_cache.value");
-    num_blocks = kv_cache.num_blocks();
-    if (common.block_size > 0) {
-      check_arg(kv_cache.block_size() == common.block_size, kForwardWhere, "kv_cache block size",
-                fmt::format("metadata block_size ({})", common.block_size), kv_cache.block_size());
-    }
-    block_size = kv_cache.block_size();
-    if (fp8) {
-      check_kv_scale(layer.k_scale, kForwardWhere, "k_scale", device, p.num_kv_heads);
-      check_kv_scale(layer.v_scale, kForwardWhere, "v_scale", device, p.num_kv_heads);
-      check_arg(layer.v_scale.size(0) == layer.k_scale.size(0), kForwardWhere, "v_scale.size(0)",
-                fmt::format("k_scale.size(0) ({})", layer.k_scale.size(0)), layer.v_scale.size(0));
-    }
   } else {
-    check_rows(key, "key", device, tokens, p.num_kv_heads, p.head_size, p.dtype);
-    check_rows(value, "value", device, tokens, p.num_kv_heads, p.head_size, p.dtype);
-    for (int r = 0; r < common.num_reqs; ++r) {
-      check_arg(common.seq_len(r) == common.query_len(r), kForwardWhere, fmt::format("seq_lens[{}]", r),
-                fmt::format("query_len ({}) for {} attention", common.query_len(r), attention_type_name(p.attn_type)),
-                common.seq_len(r));
-    }
+    check_vector_aligned(key, "key");
+    check_vector_aligned(value, "value");
   }
-  // Host-side checks only: validate(where, num_blocks) would read the slot
-  // mapping back from the device, which a graph capture forbids.
-  common.validate(kForwardWhere);
-  if (paged) check_block_ids(common, num_blocks);
-  const bool per_head_scales = paged && fp8 && layer.k_scale.size(0) > 1;
-  require_supported(backend_.plan_kernel(make_attention_problem(p, block_size, &common, lse.defined(), per_head_scales)),
-                    backend_.name());
-  return {plan, tokens, paged, storage, fp8, num_blocks, block_size};
+  return {plan, metadata.common.num_actual_tokens, shape};
 }
 
 void FlashImpl::check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
@@ -230,12 +129,12 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   const FlashMetadata* plan = checked.plan;
   const CommonAttentionMetadata& common = metadata.common;
   const int tokens = checked.tokens;
-  const bool paged = checked.paged;
+  const bool paged = checked.shape.paged;
   const Device device = p.device;
-  const DType storage = checked.storage;
-  const bool fp8 = checked.fp8;
-  const std::int64_t num_blocks = checked.num_blocks;
-  const int block_size = checked.block_size;
+  const DType storage = checked.shape.cache_storage;
+  const bool fp8 = checked.shape.fp8;
+  const std::int64_t num_blocks = checked.shape.num_blocks;
+  const int block_size = checked.shape.block_size;
   if (tokens == 0) return;
 
   FlashParams k;
@@ -314,18 +213,7 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.grid_items = std::max(plan->num_items, capturing ? 1 : 0);
   k.grid_combine = std::max(plan->num_combine, capturing ? 1 : 0);
 
-  // The partial region was sized for kPartialGroupHint query heads per KV
-  // head; a larger group gets a stream-ordered temporary instead.
-  void* temporary = nullptr;
-  if (plan->partial_token_rows > 0 && p.num_heads > plan->partial_heads) {
-    const auto rows = static_cast<std::size_t>(plan->partial_token_rows) * static_cast<std::size_t>(p.num_heads);
-    const std::size_t out_bytes = rows * static_cast<std::size_t>(p.head_size) * sizeof(float);
-    cuda::check_cuda(cudaMallocAsync(&temporary, out_bytes + rows * sizeof(float), stream), kForwardWhere);
-    k.partial_out = static_cast<float*>(temporary);
-    k.partial_lse = reinterpret_cast<float*>(static_cast<char*>(temporary) + out_bytes);
-  }
   const int status = launch_flash_attention(k, p.dtype, k.grid_combine > 0, stream);
-  if (temporary != nullptr) cuda::check_cuda(cudaFreeAsync(temporary, stream), kForwardWhere);
   if (status == kLaunchUnsupportedHeadSize || status == kLaunchUnsupportedDType) {
     throw_unsupported(kForwardWhere, fmt::format("no kernel instantiated for head_size {} and dtype {}", p.head_size,
                                                  p.dtype));
@@ -351,8 +239,8 @@ void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorVie
     check_size(*t, 2, kUpdateWhere, name, p.head_size);
     check_last_dim_contiguous(*t, kUpdateWhere, name);
   }
-  check_cache_half(kv_cache.key, kUpdateWhere, "kv_cache.key", device, storage, p.num_kv_heads, p.head_size);
-  check_cache_half(kv_cache.value, kUpdateWhere, "kv_cache.value", device, storage, p.num_kv_heads, p.head_size);
+  check_cache_half(kUpdateWhere, kv_cache.key, "kv_cache.key", device, storage, p.num_kv_heads, p.head_size);
+  check_cache_half(kUpdateWhere, kv_cache.value, "kv_cache.value", device, storage, p.num_kv_heads, p.head_size);
   check_rank(slot_mapping, kUpdateWhere, "slot_mapping", 1);
   check_dtype(slot_mapping, kUpdateWhere, "slot_mapping", DType::I64);
   check_device(slot_mapping, kUpdateWhere, "slot_mapping", device);
@@ -360,8 +248,8 @@ void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorVie
             fmt::format("<= key.size(0) ({})", key.size(0)), slot_mapping.size(0));
   check_arg(value.size(0) == key.size(0), kUpdateWhere, "value.size(0)", key.size(0), value.size(0));
   if (is_fp8(storage)) {
-    check_kv_scale(layer.k_scale, kUpdateWhere, "k_scale", device, p.num_kv_heads);
-    check_kv_scale(layer.v_scale, kUpdateWhere, "v_scale", device, p.num_kv_heads);
+    check_kv_scale(kUpdateWhere, layer.k_scale, "k_scale", device, p.num_kv_heads);
+    check_kv_scale(kUpdateWhere, layer.v_scale, "v_scale", device, p.num_kv_heads);
   }
   ops_impl(DeviceType::CUDA).reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping,
                                                layer.k_scale, layer.v_scale, KeyPacking::None);

@@ -11,8 +11,9 @@
 
 namespace pagedattn::cuda_flash {
 
-// The builder sizes the partial-output region for this many query heads per
-// KV head; a layer with a larger group gets a stream-ordered temporary.
+// Query heads per KV head the builder sizes the partial-output region for
+// when BuilderParams::num_heads is unknown (0); forward rejects a layer with
+// more query heads than the region holds.
 inline constexpr int kPartialGroupHint = 8;
 
 // One cudaMalloc'd region, freed when the last metadata that points into it

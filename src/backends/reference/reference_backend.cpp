@@ -73,7 +73,7 @@ ForwardShape ReferenceImpl::check(const LayerQuantState& layer, const TensorView
                                   const TensorView& lse) const {
   const std::vector<DType> output_dtypes = backend_.supported_dtypes();
   const ForwardShape shape = check_forward_args(kForwardWhere, params_, Device::cpu(), layer, query, key, value,
-                                                kv_cache, metadata.common, output, lse, output_dtypes);
+                                                kv_cache, metadata, output, lse, output_dtypes);
   require_supported(backend_.plan_kernel(make_attention_problem(params_, shape.block_size, &metadata.common,
                                                                 lse.defined(), shape.per_head_kv_scales)),
                     backend_.name());
@@ -169,14 +169,13 @@ class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
   }
 
   std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
-    common.validate(kBuilderWhere);
+    auto metadata = std::make_shared<BackendMetadata>();
+    adopt_step(kBuilderWhere, common, *metadata);
     check_arg(common.device().is_cpu(), kBuilderWhere, "metadata device", "cpu", common.device());
     if (common.block_size > 0) {
       check_arg(common.block_size == params_.block_size, kBuilderWhere, "metadata block_size",
                 fmt::format("the builder's block_size ({})", params_.block_size), common.block_size);
     }
-    auto metadata = std::make_shared<BackendMetadata>();
-    metadata->common = common;
     return metadata;
   }
 
