@@ -3,6 +3,7 @@
 // kernel-plan predicate, and factories for the impl and metadata builder.
 #pragma once
 
+#include <pagedattn/backend/attention_variant.h>
 #include <pagedattn/kv_packing.h>
 #include <pagedattn/metadata.h>
 #include <pagedattn/tensor.h>
@@ -281,6 +282,13 @@ class AttentionBackend {
   // vLLM's reason strings, in vLLM's order; empty = valid.
   std::vector<std::string> validate_configuration(const SelectorConfig& cfg) const;
 };
+
+// The variant a layer's kernels compute for a step (`step_causal`: the
+// metadata's causal flag). `alibi_slopes` and `sinks` point at the layer's
+// [num_heads] arrays where the kernel reads them (host or device), or are
+// null. Every backend derives its kernels' semantics here.
+AttentionVariant make_attention_variant(const AttentionImplParams& params, bool step_causal,
+                                        const float* alibi_slopes, const float* sinks);
 
 // Problem description of a layer's impl params for a batch (shape fields zero
 // when `common` is null).

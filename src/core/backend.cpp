@@ -217,6 +217,24 @@ std::vector<std::string> AttentionBackend::validate_configuration(const Selector
   return reasons;
 }
 
+AttentionVariant make_attention_variant(const AttentionImplParams& params, bool step_causal,
+                                        const float* alibi_slopes, const float* sinks) {
+  const bool paged = params.attn_type == AttentionType::Decoder || params.attn_type == AttentionType::EncoderDecoder;
+  AttentionVariant v;
+  v.scale = params.scale;
+  v.soft_cap = params.logits_soft_cap.value_or(0.0f);
+  v.mask = params.attn_type == AttentionType::Decoder && step_causal ? MaskKind::Causal : MaskKind::None;
+  // Cross-attention has no window, as in vLLM (docs/semantics.md).
+  if (params.sliding_window && params.attn_type != AttentionType::EncoderDecoder) {
+    v.window = params.attn_type == AttentionType::Decoder ? WindowKind::Left : WindowKind::Bidirectional;
+    v.window_size = *params.sliding_window;
+  }
+  v.alibi_slopes = alibi_slopes;
+  v.sinks = sinks;
+  v.key_source = paged ? KeySource::PagedCache : KeySource::DenseRows;
+  return v;
+}
+
 AttentionProblem make_attention_problem(const AttentionImplParams& params, int block_size,
                                         const CommonAttentionMetadata* common, bool wants_lse,
                                         bool per_head_kv_scales) {

@@ -141,17 +141,9 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.num_heads = p.num_heads;
   k.num_kv_heads = p.num_kv_heads;
   k.head_size = p.head_size;
-  k.softmax_scale = p.scale;
-  k.soft_cap = p.logits_soft_cap.value_or(0.0f);
-  k.mask = static_cast<int>(p.attn_type == AttentionType::Decoder && common.causal ? MaskKind::Causal : MaskKind::None);
-  // Cross-attention has no window (DESIGN.md section 5).
-  if (p.sliding_window && p.attn_type != AttentionType::EncoderDecoder) {
-    k.window_kind = static_cast<int>(p.attn_type == AttentionType::Decoder ? WindowKind::Left
-                                                                            : WindowKind::Bidirectional);
-    k.window = *p.sliding_window;
-  }
-  k.alibi_slopes = alibi_.defined() ? static_cast<const float*>(alibi_.data()) : nullptr;
-  k.sinks = sinks_.defined() ? static_cast<const float*>(sinks_.data()) : nullptr;
+  k.variant = make_attention_variant(p, common.causal,
+                                     alibi_.defined() ? static_cast<const float*>(alibi_.data()) : nullptr,
+                                     sinks_.defined() ? static_cast<const float*>(sinks_.data()) : nullptr);
 
   k.query = query.data();
   k.q_row_stride = query.stride(0);

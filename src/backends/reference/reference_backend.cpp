@@ -23,12 +23,12 @@ constexpr std::string_view kBuilderWhere = "REFERENCE builder";
 constexpr DType kCacheStorageDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::FP8_E4M3,
                                          DType::FP8_E5M2};
 
-reference::RowsOperand rows_operand(const TensorView& t) {
+RowsOperand rows_operand(const TensorView& t) {
   return {t.data(), t.dtype(), t.stride(0), t.stride(1)};
 }
 
-reference::CacheOperand cache_operand(const TensorView& t) {
-  return {t.data(), t.stride(0), t.stride(1), t.stride(2), t.stride(3)};
+CacheOperand cache_operand(const TensorView& t) {
+  return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
 class ReferenceImpl final : public AttentionImpl {
@@ -100,17 +100,8 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   k.num_heads = p.num_heads;
   k.num_kv_heads = p.num_kv_heads;
   k.head_size = p.head_size;
-  k.scale = static_cast<double>(p.scale);
-  k.causal = p.attn_type == AttentionType::Decoder && common.causal;
-  // Cross-attention has no window (DESIGN.md section 5).
-  if (p.sliding_window && p.attn_type != AttentionType::EncoderDecoder) {
-    k.sliding_window = *p.sliding_window;
-    k.window_form = p.attn_type == AttentionType::Decoder ? reference::WindowForm::Left
-                                                          : reference::WindowForm::Bidirectional;
-  }
-  k.soft_cap = static_cast<double>(p.logits_soft_cap.value_or(0.0f));
-  k.alibi_slopes = p.alibi_slopes.empty() ? nullptr : p.alibi_slopes.data();
-  k.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
+  k.variant = make_attention_variant(p, common.causal, p.alibi_slopes.empty() ? nullptr : p.alibi_slopes.data(),
+                                     p.sinks.empty() ? nullptr : p.sinks.data());
 
   k.num_reqs = common.num_reqs;
   k.num_actual_tokens = tokens;
@@ -122,7 +113,6 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
 
   k.query = rows_operand(query);
   if (shape.paged) {
-    k.key_source = reference::KeySource::PagedCache;
     k.key_cache = cache_operand(kv_cache.key);
     k.key_cache.packing = kv_cache.key_packing;
     k.value_cache = cache_operand(kv_cache.value);
@@ -135,7 +125,6 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
       k.num_kv_scales = static_cast<int>(layer.k_scale.size(0));
     }
   } else {
-    k.key_source = reference::KeySource::DenseRows;
     k.key = rows_operand(key);
     k.value = rows_operand(value);
   }

@@ -241,7 +241,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
   const int warp_pos_hi = item.position_begin + (row0 + row_base + kWarpRows - 1) / group;
   const float k_scale = kFp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
-  const float qk_scale = ldexpf(p.softmax_scale * k_scale, q_shift);
+  const float qk_scale = ldexpf(p.variant.scale * k_scale, q_shift);
   const float qk_scale_log2 = qk_scale * kLog2e;
 
   float o[kMT][S::kDTiles][4];
@@ -550,9 +550,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
       if (m_keys != -CUDART_INF_F) {
         float mm = m_keys;
         float den = 0.0f;
-        if (p.sinks != nullptr) {
-          mm = fmaxf(mm, p.sinks[head]);
-          den = expf(p.sinks[head] - mm);
+        if (p.variant.sinks != nullptr) {
+          mm = fmaxf(mm, p.variant.sinks[head]);
+          den = expf(p.variant.sinks[head] - mm);
         }
         for (int s = 0; s < item.num_splits; ++s) {
           const float w = expf(p.partial_lse[prow(s)] - mm);

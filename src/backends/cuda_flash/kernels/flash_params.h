@@ -4,6 +4,7 @@
 // filling these structs.
 #pragma once
 
+#include <pagedattn/backend/attention_variant.h>
 #include <pagedattn/scalar.h>
 
 #include <cstdint>
@@ -58,17 +59,6 @@ enum class TileMode : std::int32_t {
   Decode = 1,   // every warp owns rows [0, 16) and keys [16w, 16w + 16) of a tile
 };
 
-enum class MaskKind : std::int32_t {
-  None = 0,    // all keys in [kv_begin, kv_end)
-  Causal = 1,  // j <= p
-};
-
-enum class WindowKind : std::int32_t {
-  None = 0,
-  Left = 1,           // p - W < j <= p (decoder)
-  Bidirectional = 2,  // |p - j| <= W - 1 (encoder)
-};
-
 // One CTA's work: query tokens [token_begin, token_begin + num_tokens) of one
 // request (all query heads of the CTA's KV head, packed), over keys
 // [kv_begin, kv_end) of that request. The CTA's KV head is blockIdx.x % num_kv_heads.
@@ -111,13 +101,7 @@ struct FlashParams {
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_size = 0;
-  float softmax_scale = 1.0f;
-  float soft_cap = 0.0f;  // <= 0 = off
-  int mask = 0;           // MaskKind
-  int window_kind = 0;    // WindowKind
-  int window = 0;
-  const float* alibi_slopes = nullptr;  // [num_heads] device, or null
-  const float* sinks = nullptr;         // [num_heads] device, or null
+  AttentionVariant variant;  // alibi_slopes and sinks: [num_heads] on the device, or null
 
   // ---- query / output ----
   const void* query = nullptr;  // [T, H, D]

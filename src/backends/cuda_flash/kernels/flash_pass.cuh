@@ -32,10 +32,10 @@ __device__ __forceinline__ PassRange pass_range(const FlashParams& p, const Work
   const int p_hi = item.position_begin + (row0 + rows - 1) / group;
   int lo = item.kv_begin;
   int hi = item.kv_end;
-  if (p.mask == static_cast<int>(MaskKind::Causal)) hi = min(hi, p_hi + 1);
-  if (p.window_kind != static_cast<int>(WindowKind::None)) {
-    lo = max(lo, p_lo - p.window + 1);
-    hi = min(hi, p.window_kind == static_cast<int>(WindowKind::Left) ? p_hi + 1 : p_hi + p.window);
+  if (p.variant.mask == MaskKind::Causal) hi = min(hi, p_hi + 1);
+  if (p.variant.window != WindowKind::None) {
+    lo = max(lo, p_lo - p.variant.window_size + 1);
+    hi = min(hi, p.variant.window == WindowKind::Left ? p_hi + 1 : p_hi + p.variant.window_size);
   }
   return {lo, hi};
 }
@@ -192,12 +192,12 @@ struct KvRunWalker {
 // needs neither masks nor per-score transforms.
 __device__ __forceinline__ bool whole_block(const FlashParams& p, PassRange range, int k0, int k_last,
                                             int pos_lo, int pos_hi) {
-  bool whole = p.soft_cap <= 0.0f && p.alibi_slopes == nullptr && k0 >= range.kv_lo && k_last < range.kv_hi;
-  if (p.mask == static_cast<int>(MaskKind::Causal)) whole = whole && k_last <= pos_lo;
-  if (p.window_kind == static_cast<int>(WindowKind::Left)) {
-    whole = whole && k0 > pos_hi - p.window && k_last <= pos_lo;
-  } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
-    whole = whole && k0 > pos_hi - p.window && k_last < pos_lo + p.window;
+  bool whole = p.variant.soft_cap <= 0.0f && p.variant.alibi_slopes == nullptr && k0 >= range.kv_lo && k_last < range.kv_hi;
+  if (p.variant.mask == MaskKind::Causal) whole = whole && k_last <= pos_lo;
+  if (p.variant.window == WindowKind::Left) {
+    whole = whole && k0 > pos_hi - p.variant.window_size && k_last <= pos_lo;
+  } else if (p.variant.window == WindowKind::Bidirectional) {
+    whole = whole && k0 > pos_hi - p.variant.window_size && k_last < pos_lo + p.variant.window_size;
   }
   return whole;
 }
@@ -246,8 +246,8 @@ __device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const Wo
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = at.row[i];
-      const float slope = p.alibi_slopes != nullptr && row < at.row_end
-                              ? p.alibi_slopes[kv_head * group + row % group]
+      const float slope = p.variant.alibi_slopes != nullptr && row < at.row_end
+                              ? p.variant.alibi_slopes[kv_head * group + row % group]
                               : 0.0f;
       const int q_pos = item.position_begin + row / group;
 #pragma unroll
@@ -256,14 +256,14 @@ __device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const Wo
         for (int e = 0; e < 2; ++e) {
           const int j = at.k0 + nt * 8 + 2 * at.tig + e;
           float x = s[nt][2 * i + e] * qk_scale;
-          if (p.soft_cap > 0.0f) x = p.soft_cap * tanhf(x / p.soft_cap);
+          if (p.variant.soft_cap > 0.0f) x = p.variant.soft_cap * tanhf(x / p.variant.soft_cap);
           x += slope * static_cast<float>(j - q_pos);
           bool visible = j >= range.kv_lo && j < range.kv_hi;
-          if (p.mask == static_cast<int>(MaskKind::Causal)) visible = visible && j <= q_pos;
-          if (p.window_kind == static_cast<int>(WindowKind::Left)) {
-            visible = visible && j > q_pos - p.window && j <= q_pos;
-          } else if (p.window_kind == static_cast<int>(WindowKind::Bidirectional)) {
-            visible = visible && j > q_pos - p.window && j < q_pos + p.window;
+          if (p.variant.mask == MaskKind::Causal) visible = visible && j <= q_pos;
+          if (p.variant.window == WindowKind::Left) {
+            visible = visible && j > q_pos - p.variant.window_size && j <= q_pos;
+          } else if (p.variant.window == WindowKind::Bidirectional) {
+            visible = visible && j > q_pos - p.variant.window_size && j < q_pos + p.variant.window_size;
           }
           s[nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
         }
@@ -421,8 +421,8 @@ __device__ __forceinline__ void write_pass_output(const FlashParams& p, const Wo
     if (!empty) {
       float mm = m_tot;
       float den = l_tot;
-      if (p.sinks != nullptr) {
-        const float sink = p.sinks[head] * kLog2e;
+      if (p.variant.sinks != nullptr) {
+        const float sink = p.variant.sinks[head] * kLog2e;
         mm = fmaxf(m_tot, sink);
         den = l_tot * exp2f(m_tot - mm) + exp2f(sink - mm);
       }

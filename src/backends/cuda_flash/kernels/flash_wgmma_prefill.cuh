@@ -108,7 +108,7 @@ __device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, i
   const int row_base = wg * kWgmmaTileRows + (tid % kWarpgroupThreads) / 32 * kMmaRows;
   const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
   const int warp_pos_hi = item.position_begin + (row0 + row_base + kMmaRows - 1) / group;
-  const float qk_scale = p.softmax_scale;
+  const float qk_scale = p.variant.scale;
   const float qk_scale_log2 = qk_scale * kLog2e;
 
   float o[kDT][4];

@@ -16,14 +16,14 @@ const std::byte* at(const void* base, std::int64_t elements, DType t) {
   return static_cast<const std::byte*>(base) + elements * static_cast<std::int64_t>(dtype_size(t));
 }
 
-// Converts n elements (stride `stride`) to doubles, times `scale`.
-void load_row(const std::byte* p, DType t, std::int64_t stride, int n, double scale, double* dst) {
-  const auto step = stride * static_cast<std::int64_t>(dtype_size(t));
+// Converts n contiguous elements to doubles, times `scale`.
+void load_row(const std::byte* p, DType t, int n, double scale, double* dst) {
+  const auto step = static_cast<std::int64_t>(dtype_size(t));
   for (int d = 0; d < n; ++d) dst[d] = static_cast<double>(load_as_float(p + d * step, t)) * scale;
 }
 
 int request_keys(const ReferenceAttentionParams& p, int r) {
-  if (p.key_source == KeySource::DenseRows) return p.query_start_loc[r + 1] - p.query_start_loc[r];
+  if (p.variant.key_source == KeySource::DenseRows) return p.query_start_loc[r + 1] - p.query_start_loc[r];
   return p.seq_lens[r];
 }
 
@@ -35,7 +35,7 @@ ReferenceStatus check_batch(const ReferenceAttentionParams& p) {
     if (p.query_start_loc[r + 1] < p.query_start_loc[r]) return ReferenceStatus::BadBatch;
     const int keys = request_keys(p, r);
     if (keys < 0) return ReferenceStatus::BadBatch;
-    if (p.key_source != KeySource::PagedCache) continue;
+    if (p.variant.key_source != KeySource::PagedCache) continue;
     const std::int64_t blocks = (static_cast<std::int64_t>(keys) + p.block_size - 1) / p.block_size;
     if (blocks > p.max_blocks_per_seq) return ReferenceStatus::BlockTableTooShort;
     for (std::int64_t b = 0; b < blocks; ++b) {
@@ -54,7 +54,7 @@ struct RowContext {
 
 const std::byte* key_or_value_row(const ReferenceAttentionParams& p, const RowContext& row, int j,
                                   bool value) {
-  if (p.key_source == KeySource::DenseRows) {
+  if (p.variant.key_source == KeySource::DenseRows) {
     const RowsOperand& op = value ? p.value : p.key;
     return at(op.data, (row.first_row + j) * op.row_stride + row.kv_head * op.head_stride, op.dtype);
   }
@@ -65,17 +65,12 @@ const std::byte* key_or_value_row(const ReferenceAttentionParams& p, const RowCo
             p.cache_dtype);
 }
 
-std::int64_t row_dim_stride(const ReferenceAttentionParams& p, bool value) {
-  if (p.key_source == KeySource::DenseRows) return 1;
-  return value ? p.value_cache.dim_stride : p.key_cache.dim_stride;
-}
-
 // Key j as doubles times `scale`, read in the cache's K packing.
 void load_key_row(const ReferenceAttentionParams& p, const RowContext& row, int j, double scale, double* dst) {
   const std::byte* start = key_or_value_row(p, row, j, false);
-  if (p.key_source == KeySource::DenseRows || p.key_cache.packing == KeyPacking::None) {
-    load_row(start, p.key_source == KeySource::DenseRows ? p.key.dtype : p.cache_dtype, row_dim_stride(p, false),
-             p.head_size, scale, dst);
+  if (p.variant.key_source == KeySource::DenseRows || p.key_cache.packing == KeyPacking::None) {
+    load_row(start, p.variant.key_source == KeySource::DenseRows ? p.key.dtype : p.cache_dtype, p.head_size,
+             scale, dst);
     return;
   }
   const int slot = j % p.block_size;
@@ -101,13 +96,14 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
   double* acc = kv + d_size;
   double* scores = acc + d_size;
 
-  // Visible keys form one interval [lo, hi) (DESIGN.md section 5).
+  // Visible keys form one interval [lo, hi) (docs/semantics.md).
+  const AttentionVariant& v = p.variant;
   int lo = 0;
   int hi = num_keys;
-  if (p.causal) hi = std::min(hi, position + 1);
-  if (p.sliding_window > 0) {
-    lo = std::max(lo, position - p.sliding_window + 1);
-    hi = std::min(hi, p.window_form == WindowForm::Left ? position + 1 : position + p.sliding_window);
+  if (v.mask == MaskKind::Causal) hi = std::min(hi, position + 1);
+  if (v.window != WindowKind::None) {
+    lo = std::max(lo, position - v.window_size + 1);
+    hi = std::min(hi, v.window == WindowKind::Left ? position + 1 : position + v.window_size);
   }
 
   void* out =
@@ -123,22 +119,24 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
   }
 
   load_row(at(p.query.data, token * p.query.row_stride + head * p.query.head_stride, p.query.dtype),
-           p.query.dtype, 1, d_size, 1.0, q);
+           p.query.dtype, d_size, 1.0, q);
   const double k_scale = kv_scale(p, p.k_scale, row.kv_head);
-  const double slope = p.alibi_slopes == nullptr ? 0.0 : static_cast<double>(p.alibi_slopes[head]);
+  const double slope = v.alibi_slopes == nullptr ? 0.0 : static_cast<double>(v.alibi_slopes[head]);
+  const auto scale = static_cast<double>(v.scale);
+  const auto soft_cap = static_cast<double>(v.soft_cap);
   double max_score = -std::numeric_limits<double>::infinity();
   for (int j = lo; j < hi; ++j) {
     load_key_row(p, row, j, k_scale, kv);
     double dot = 0.0;
     for (int d = 0; d < d_size; ++d) dot += q[d] * kv[d];
-    double s = p.scale * dot;
-    if (p.soft_cap > 0.0) s = p.soft_cap * std::tanh(s / p.soft_cap);
+    double s = scale * dot;
+    if (soft_cap > 0.0) s = soft_cap * std::tanh(s / soft_cap);
     s += slope * static_cast<double>(j - position);
     scores[j - lo] = s;
     max_score = std::max(max_score, s);
   }
-  const bool has_sink = p.sinks != nullptr;
-  const double sink = has_sink ? static_cast<double>(p.sinks[head]) : 0.0;
+  const bool has_sink = v.sinks != nullptr;
+  const double sink = has_sink ? static_cast<double>(v.sinks[head]) : 0.0;
   if (has_sink) max_score = std::max(max_score, sink);
 
   double denom = has_sink ? std::exp(sink - max_score) : 0.0;
@@ -148,8 +146,7 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
     const double w = std::exp(scores[j - lo] - max_score);
     denom += w;
     load_row(key_or_value_row(p, row, j, true),
-             p.key_source == KeySource::DenseRows ? p.value.dtype : p.cache_dtype, row_dim_stride(p, true),
-             d_size, v_scale, kv);
+             p.variant.key_source == KeySource::DenseRows ? p.value.dtype : p.cache_dtype, d_size, v_scale, kv);
     for (int d = 0; d < d_size; ++d) acc[d] += w * kv[d];
   }
   for (int d = 0; d < d_size; ++d) {

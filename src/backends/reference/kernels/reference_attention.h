@@ -1,12 +1,12 @@
 // The REFERENCE attention kernel: scalar, fp64 accumulation, no tiling, one
-// (token, head) row at a time. It implements DESIGN.md section 5 literally so
+// (token, head) row at a time. It implements docs/semantics.md literally so
 // that it can serve as the oracle every other backend is checked against.
 //
 // Raw pointers and a POD params struct only (no core headers): the backend
 // validates every argument before filling the struct.
 #pragma once
 
-#include <pagedattn/kv_packing.h>
+#include <pagedattn/backend/attention_variant.h>
 #include <pagedattn/scalar.h>
 
 #include <cstddef>
@@ -14,48 +14,12 @@
 
 namespace pagedattn::reference {
 
-// Where the keys and values of a request come from.
-enum class KeySource : std::uint8_t {
-  PagedCache,  // decoder and cross-attention: key j of request r lives in the paged cache
-  DenseRows,   // encoder / encoder-only: keys are the request's own rows of key/value
-};
-
-// Which sliding-window form applies (DESIGN.md section 5).
-enum class WindowForm : std::uint8_t {
-  Left,           // decoder: p - W < j <= p
-  Bidirectional,  // encoder / encoder-only: |p - j| <= W - 1
-};
-
-// A strided 3-D operand [rows, heads, head_size]; the last dimension is contiguous.
-struct RowsOperand {
-  const void* data = nullptr;
-  DType dtype = DType::F32;
-  std::int64_t row_stride = 0;   // elements between consecutive rows
-  std::int64_t head_stride = 0;  // elements between consecutive heads
-};
-
-// One half (K or V) of the paged cache, logically [num_blocks, block_size, Hkv, D].
-struct CacheOperand {
-  const void* data = nullptr;
-  std::int64_t block_stride = 0;
-  std::int64_t slot_stride = 0;
-  std::int64_t head_stride = 0;
-  std::int64_t dim_stride = 1;
-  KeyPacking packing = KeyPacking::None;  // K only; packed rows are head_size elements apart
-};
-
 struct ReferenceAttentionParams {
   // ---- problem ----
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_size = 0;
-  double scale = 1.0;
-  bool causal = true;      // only meaningful for the decoder
-  int sliding_window = 0;  // 0 = no window
-  WindowForm window_form = WindowForm::Left;
-  double soft_cap = 0.0;                // <= 0 = off
-  const float* alibi_slopes = nullptr;  // [num_heads] or null
-  const float* sinks = nullptr;         // [num_heads] or null
+  AttentionVariant variant;  // computed in double from its float fields
 
   // ---- batch (host memory) ----
   int num_reqs = 0;
@@ -67,8 +31,7 @@ struct ReferenceAttentionParams {
   std::int64_t max_blocks_per_seq = 0;  // valid entries per block-table row
 
   // ---- inputs ----
-  RowsOperand query;  // [T, H, D]
-  KeySource key_source = KeySource::PagedCache;
+  RowsOperand query;         // [T, H, D]
   RowsOperand key;           // [T, Hkv, D], DenseRows only
   RowsOperand value;         // [T, Hkv, D], DenseRows only
   CacheOperand key_cache;    // PagedCache only
