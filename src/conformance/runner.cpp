@@ -1,6 +1,6 @@
 // The conformance harness: drives a backend exactly as the Attention layer
 // does (common metadata -> builder -> impl.do_kv_cache_update -> impl.forward)
-// on one ConformanceCase and checks DESIGN.md section 6: poisoned outputs,
+// on one ConformanceCase and checks what docs/testing.md lists: poisoned outputs,
 // guard rows, padded rows, untouched cache outside the written slots, LSE,
 // tolerance against the dense oracle, and bitwise determinism.
 #include <pagedattn/conformance.h>

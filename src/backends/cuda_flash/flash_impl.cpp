@@ -245,7 +245,7 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.softmax_scale = p.scale;
   k.soft_cap = p.logits_soft_cap.value_or(0.0f);
   k.mask = static_cast<int>(p.attn_type == AttentionType::Decoder && common.causal ? MaskKind::Causal : MaskKind::None);
-  // Cross-attention has no window (DESIGN.md section 5).
+  // Cross-attention has no window (docs/semantics.md).
   if (p.sliding_window && p.attn_type != AttentionType::EncoderDecoder) {
     k.window_kind = static_cast<int>(p.attn_type == AttentionType::Decoder ? WindowKind::Left
                                                                             : WindowKind::Bidirectional);

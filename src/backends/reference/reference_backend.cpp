@@ -102,7 +102,7 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   k.head_size = p.head_size;
   k.scale = static_cast<double>(p.scale);
   k.causal = p.attn_type == AttentionType::Decoder && common.causal;
-  // Cross-attention has no window (DESIGN.md section 5).
+  // Cross-attention has no window (docs/semantics.md).
   if (p.sliding_window && p.attn_type != AttentionType::EncoderDecoder) {
     k.sliding_window = *p.sliding_window;
     k.window_form = p.attn_type == AttentionType::Decoder ? reference::WindowForm::Left

@@ -101,7 +101,7 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
   double* acc = kv + d_size;
   double* scores = acc + d_size;
 
-  // Visible keys form one interval [lo, hi) (DESIGN.md section 5).
+  // The causal and window masks (docs/semantics.md) leave one interval [lo, hi).
   int lo = 0;
   int hi = num_keys;
   if (p.causal) hi = std::min(hi, position + 1);

@@ -1,5 +1,5 @@
 // The REFERENCE attention kernel: scalar, fp64 accumulation, no tiling, one
-// (token, head) row at a time. It implements DESIGN.md section 5 literally so
+// (token, head) row at a time. It implements docs/semantics.md literally so
 // that it can serve as the oracle every other backend is checked against.
 //
 // Raw pointers and a POD params struct only (no core headers): the backend
@@ -20,7 +20,7 @@ enum class KeySource : std::uint8_t {
   DenseRows,   // encoder / encoder-only: keys are the request's own rows of key/value
 };
 
-// Which sliding-window form applies (DESIGN.md section 5).
+// Which sliding-window form applies (docs/semantics.md, "Masks").
 enum class WindowForm : std::uint8_t {
   Left,           // decoder: p - W < j <= p
   Bidirectional,  // encoder / encoder-only: |p - j| <= W - 1
