@@ -19,6 +19,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "conformance/rng.h"
+
 namespace pagedattn {
 
 namespace {
@@ -62,28 +64,7 @@ bool equals_at(const std::vector<std::uint8_t>& data, std::size_t element,
                     data.begin() + static_cast<std::ptrdiff_t>(element * pattern.size()));
 }
 
-// Portable deterministic generator (std distributions differ between libraries).
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  // Zero mean, unit variance (Irwin-Hall of four uniforms).
-  float normal() {
-    double sum = 0.0;
-    for (int i = 0; i < 4; ++i) sum += uniform();
-    return static_cast<float>((sum - 2.0) * std::sqrt(3.0));
-  }
-  std::size_t below(std::size_t n) { return static_cast<std::size_t>(next() % n); }
-
- private:
-  std::uint64_t state_;
-};
+using conformance::Rng;
 
 float round_to(DType t, float x) {
   std::array<std::byte, sizeof(double)> buf{};
