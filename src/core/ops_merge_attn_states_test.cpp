@@ -17,16 +17,8 @@
 #include "core/ops_test_util.h"
 #include "testing/expect_error.h"
 
-namespace pagedattn {
+namespace pagedattn::test {
 namespace {
-
-using test::expect_invalid;
-using test::kInf;
-using test::kPoison;
-using test::kSeed;
-using test::on_device;
-using test::random_floats;
-using test::random_tensor;
 
 // ---- merge_attn_states ----------------------------------------------------------------
 
@@ -251,4 +243,4 @@ TEST(OpsMergeAttnStatesErrors, EveryErrorNamesItsArgumentAndWritesNothing) {
 }
 
 }  // namespace
-}  // namespace pagedattn
+}  // namespace pagedattn::test

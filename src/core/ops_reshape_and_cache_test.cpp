@@ -21,19 +21,8 @@
 #include "core/ops_test_util.h"
 #include "testing/expect_error.h"
 
-namespace pagedattn {
+namespace pagedattn::test {
 namespace {
-
-using test::expect_invalid;
-using test::i64_tensor;
-using test::kInf;
-using test::kSeed;
-using test::KvCache;
-using test::Layout;
-using test::make_cache;
-using test::on_device;
-using test::random_floats;
-using test::random_tensor;
 
 // The expected logical bytes of a [NB, BS, Hkv, D] cache after writing the
 // first slots.size() rows of `rows` (row-major [T, Hkv, D] bytes in the cache
@@ -523,4 +512,4 @@ TEST_F(OpsReshapeAndCacheErrors, EveryErrorNamesItsArgumentAndWritesNothing) {
 }
 
 }  // namespace
-}  // namespace pagedattn
+}  // namespace pagedattn::test

@@ -16,18 +16,8 @@
 #include "core/ops_test_util.h"
 #include "testing/expect_error.h"
 
-namespace pagedattn {
+namespace pagedattn::test {
 namespace {
-
-using test::expect_invalid;
-using test::i64_tensor;
-using test::kSeed;
-using test::KvCache;
-using test::Layout;
-using test::make_cache;
-using test::on_device;
-using test::random_floats;
-using test::random_tensor;
 
 // ---- copy_blocks ------------------------------------------------------------------------
 
@@ -299,4 +289,4 @@ TEST(OpsDispatch, DeviceTensorsAreValidatedOnTheHostThenDispatched) {
 }
 
 }  // namespace
-}  // namespace pagedattn
+}  // namespace pagedattn::test
