@@ -38,10 +38,13 @@
 
 #include "backends/cpu_attn/cpu_attn_plan.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
+#include "conformance/rng.h"
 #include "fuzz_check.h"
 
 namespace pagedattn::fuzz {
 namespace {
+
+using conformance::Rng;
 
 constexpr int kHeadSizes[] = {8, 16, 24, 32, 40, 64, 72, 128};
 constexpr int kGroups[] = {1, 2, 3, 4, 8};
@@ -96,24 +99,6 @@ struct Problem {
   }
 };
 
-// Portable deterministic values (std distributions differ between libraries).
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-24f; }
-  // Zero mean, unit variance (Irwin-Hall of four uniforms): finite, bounded.
-  float normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0f) * std::sqrt(3.0f); }
-
- private:
-  std::uint64_t state_;
-};
-
 std::optional<Problem> make_problem(FuzzedDataProvider& in) {
   Problem p;
   const std::vector<cpu_attn::Isa> isas = cpu_attn::available_isas();
@@ -147,7 +132,7 @@ std::optional<Problem> make_problem(FuzzedDataProvider& in) {
   p.seed = in.ConsumeIntegral<std::uint64_t>();
   Rng rng(p.seed);
   if (sinks) {
-    for (int h = 0; h < a.num_heads; ++h) a.sinks.push_back(rng.uniform() * kMaxSink);
+    for (int h = 0; h < a.num_heads; ++h) a.sinks.push_back(static_cast<float>(rng.uniform()) * kMaxSink);
   }
 
   // The avx512bf16 tile defect (see the top of this file): query tokens per
@@ -237,7 +222,7 @@ Inputs make_inputs(const Problem& p) {
   x.num_blocks = 1 + needed + 2;
   std::vector<std::int32_t> ids(static_cast<std::size_t>(x.num_blocks - 1));
   std::iota(ids.begin(), ids.end(), 1);
-  for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.next() % i]);
+  for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.below(i)]);
   auto next = ids.begin();
   for (const int kv : p.kv_lens) {
     const auto count = static_cast<std::ptrdiff_t>((kv + p.block_size - 1) / p.block_size);

@@ -1,4 +1,4 @@
-// The conformance suite (DESIGN.md section 6): a declarative grid of attention
+// The conformance suite (docs/testing.md): a declarative grid of attention
 // problems, a dense fp64 oracle written independently of every backend, one
 // tolerance table, and a harness that drives any backend exactly as the
 // Attention layer does (metadata -> builder -> do_kv_cache_update -> forward)
@@ -54,7 +54,7 @@ struct OracleOutput {
   std::vector<double> lse;     // [H, T], natural log, sink included, -inf for rows with no visible key
 };
 
-// Attention of DESIGN.md section 5 on dense per-request data, in double.
+// Attention as docs/semantics.md defines it, on dense per-request data, in double.
 // Throws InvalidArgument when the vectors disagree with the sizes.
 OracleOutput dense_attention(const OracleProblem& problem);
 

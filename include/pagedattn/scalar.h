@@ -1,7 +1,7 @@
 // Scalar element types and exact conversions between them and float.
 //
 // Dependency-free on purpose: kernels (CPU and CUDA) include this header, and
-// kernels may not include core headers (DESIGN.md section 2).
+// kernels may not include core headers (docs/architecture.md).
 #pragma once
 
 #include <cstddef>

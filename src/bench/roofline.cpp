@@ -93,8 +93,8 @@ double timed_parallel(int threads, F&& body) {
 ReadProbe::ReadProbe(int threads)
     : threads_(std::max(1, threads)),
       slice_(kStreamBytes / sizeof(float) / static_cast<std::size_t>(threads_) / 64 * 64),
-      // From the library's CPU allocator, as the KV caches the benchmark reads
-      // (the same page size: docs/perf.md, attempt 45).
+      // From the library's CPU allocator, as the KV caches the benchmark reads,
+      // so both get the same page size.
       storage_(Tensor::empty({static_cast<std::int64_t>(kStreamBytes / sizeof(float))}, DType::F32)),
       sums_(static_cast<std::size_t>(threads_)) {
   auto* const data = static_cast<float*>(storage_.data());

@@ -1,6 +1,6 @@
 // The conformance harness: drives a backend exactly as the Attention layer
 // does (common metadata -> builder -> impl.do_kv_cache_update -> impl.forward)
-// on one ConformanceCase and checks DESIGN.md section 6: poisoned outputs,
+// on one ConformanceCase and checks what docs/testing.md lists: poisoned outputs,
 // guard rows, padded rows, untouched cache outside the written slots, LSE,
 // tolerance against the dense oracle, and bitwise determinism.
 #include <pagedattn/conformance.h>
@@ -19,385 +19,38 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "conformance/cache_under_test.h"
+#include "conformance/case_setup.h"
+#include "conformance/guarded_output.h"
+#include "conformance/rng.h"
+
 namespace pagedattn {
 
 namespace {
 
-constexpr int kGuardRows = 2;             // poisoned rows before and after the output (and LSE columns)
+using conformance::CacheUnderTest;
+using conformance::GuardedLse;
+using conformance::GuardedOutput;
+using conformance::is_paged;
+using conformance::join;
+using conformance::make_lse;
+using conformance::make_output;
+using conformance::make_row_tensors;
+using conformance::poison_bits;
+using conformance::random_rows;
+using conformance::read_lse;
+using conformance::read_output;
+using conformance::Rng;
+using conformance::RowTensors;
+using conformance::skip_reason;
+using conformance::validate_case;
+
 constexpr int kPaddingTokens = 3;         // q/k/v/output rows past num_actual_tokens in padded cases
 constexpr int kPaddingSlots = 1;          // -1 entries the slot mapping gets: shorter than key
 constexpr float kFp8AmaxDivisor = 64.0f;  // fp8 scale = amax / 64 (vLLM's test_cache)
 constexpr double kMaxSink = 5.0;          // sinks ~ U[0, 5) (vLLM's rand * 5)
 constexpr int kSecondStepQueryLen = 1;    // cross-attention: decode step reading the cached encoder K/V
 constexpr std::string_view kLayerName = "conformance.attn";
-
-// NaN bit patterns with payloads arithmetic does not produce (e4m3 has one NaN).
-std::uint64_t poison_bits(DType t) {
-  switch (t) {
-    case DType::F32:
-      return 0x7FC0DEADu;
-    case DType::F16:
-      return 0x7E5Au;
-    case DType::BF16:
-      return 0x7FDAu;
-    case DType::FP8_E4M3:
-      return 0x7Fu;
-    case DType::FP8_E5M2:
-      return 0x7Eu;
-    default:
-      return 0xFFu;
-  }
-}
-
-std::vector<std::uint8_t> poison_bytes(DType t) {
-  const std::uint64_t bits = poison_bits(t);
-  std::vector<std::uint8_t> bytes(dtype_size(t));
-  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(bits >> (8 * i));
-  return bytes;
-}
-
-bool equals_at(const std::vector<std::uint8_t>& data, std::size_t element,
-               const std::vector<std::uint8_t>& pattern) {
-  return std::equal(pattern.begin(), pattern.end(),
-                    data.begin() + static_cast<std::ptrdiff_t>(element * pattern.size()));
-}
-
-// Portable deterministic generator (std distributions differ between libraries).
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  // Zero mean, unit variance (Irwin-Hall of four uniforms).
-  float normal() {
-    double sum = 0.0;
-    for (int i = 0; i < 4; ++i) sum += uniform();
-    return static_cast<float>((sum - 2.0) * std::sqrt(3.0));
-  }
-  std::size_t below(std::size_t n) { return static_cast<std::size_t>(next() % n); }
-
- private:
-  std::uint64_t state_;
-};
-
-float round_to(DType t, float x) {
-  std::array<std::byte, sizeof(double)> buf{};
-  store_from_float(buf.data(), t, x);
-  return load_as_float(buf.data(), t);
-}
-
-// [rows, heads, D] model-dtype values.
-std::vector<float> random_rows(Rng& rng, std::size_t elements, DType dtype) {
-  std::vector<float> v(elements);
-  for (float& x : v) x = round_to(dtype, rng.normal());
-  return v;
-}
-
-bool is_paged(AttentionType t) { return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder; }
-
-std::string join(const std::vector<std::string>& parts) {
-  std::string s;
-  for (const std::string& p : parts) s += (s.empty() ? "" : "; ") + p;
-  return s;
-}
-
-// The case itself must make sense before a backend is blamed.
-void validate_case(const ConformanceCase& c) {
-  constexpr std::string_view where = "conformance case";
-  check_arg(c.num_heads > 0 && c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0, where,
-            "num_heads / num_kv_heads", "positive, num_heads a multiple of num_kv_heads",
-            fmt::format("{} / {}", c.num_heads, c.num_kv_heads));
-  check_arg(c.head_size > 0, where, "head_size", "> 0", c.head_size);
-  check_arg(c.block_size > 0, where, "block_size", "> 0", c.block_size);
-  check_arg(!c.per_head_kv_scales || is_quantized_kv_cache(c.kv_cache_dtype), where, "per_head_kv_scales",
-            "only with an fp8 KV cache", cache_dtype_name(c.kv_cache_dtype));
-  check_arg(!c.padded_slots || c.attn_type != AttentionType::EncoderDecoder, where, "padded_slots",
-            "not with cross-attention", "set");
-  if (c.sliding_window) check_arg(*c.sliding_window > 0, where, "sliding_window", "> 0", *c.sliding_window);
-  for (const auto& [q, s] : c.batch.requests) {
-    check_arg(q >= 0 && s >= 0, where, "batch lengths", "non-negative", fmt::format("({}, {})", q, s));
-    if (c.attn_type == AttentionType::Decoder)
-      check_arg(s >= q, where, "seq_len", fmt::format(">= query_len {}", q), s);
-    if (c.attn_type == AttentionType::Encoder || c.attn_type == AttentionType::EncoderOnly) {
-      check_arg(s == q, where, "seq_len", fmt::format("== query_len {} for encoder attention", q), s);
-    }
-  }
-}
-
-std::optional<std::string> skip_reason(const AttentionBackend& backend, const ConformanceCase& c,
-                                       Device device) {
-  SelectorConfig cfg;
-  cfg.head_size = c.head_size;
-  cfg.dtype = c.dtype;
-  cfg.kv_cache_dtype = c.kv_cache_dtype;
-  cfg.block_size = c.block_size;
-  cfg.has_sink = c.sinks;
-  cfg.use_per_head_quant_scales = c.per_head_kv_scales;
-  cfg.attn_type = c.attn_type;
-  cfg.use_non_causal = c.attn_type == AttentionType::Decoder && !c.causal;
-  cfg.device = device;
-  if (const DeviceAllocator* alloc = find_device_allocator(device.type))
-    cfg.capability = alloc->capability(device);
-  std::vector<std::string> reasons = backend.validate_configuration(cfg);
-  if (backend.device_type() != device.type) {
-    reasons.push_back(
-        fmt::format("runs on {}, not {}", device_type_name(backend.device_type()), device_name(device)));
-  }
-  if (c.sliding_window && !backend.supports_sliding_window())
-    reasons.emplace_back("sliding window not supported");
-  if (c.soft_cap && !backend.supports_soft_cap()) reasons.emplace_back("logits soft cap not supported");
-  if (c.alibi && !backend.supports_alibi()) reasons.emplace_back("ALiBi not supported");
-  if (const auto required = backend.required_kv_cache_layout(); required && *required != c.layout) {
-    reasons.push_back(fmt::format("requires the {} KV cache layout", kv_cache_layout_name(*required)));
-  }
-  if (reasons.empty()) return std::nullopt;
-  return join(reasons);
-}
-
-// Row tensors [rows, heads_i, D]; with `fused`, views into one
-// [rows, sum(heads_i) * D] buffer (rows strided, as a fused qkv projection).
-struct RowTensors {
-  std::vector<Tensor> owners;
-  std::vector<TensorView> views;
-};
-
-RowTensors make_row_tensors(const std::vector<const std::vector<float>*>& parts,
-                            const std::vector<int>& heads, int rows, int head_size, DType dtype,
-                            Device device, bool fused) {
-  RowTensors out;
-  if (!fused) {
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      out.owners.push_back(Tensor::from_floats(*parts[i], {rows, heads[i], head_size}, dtype, device));
-      out.views.push_back(out.owners.back());
-    }
-    return out;
-  }
-  std::int64_t width = 0;
-  for (const int h : heads) width += static_cast<std::int64_t>(h) * head_size;
-  std::vector<float> host(static_cast<std::size_t>(rows * width));
-  std::int64_t offset = 0;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    const std::int64_t w = static_cast<std::int64_t>(heads[i]) * head_size;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      std::copy_n(parts[i]->begin() + r * w, w, host.begin() + r * width + offset);
-    }
-    offset += w;
-  }
-  out.owners.push_back(Tensor::from_floats(host, {rows, width}, dtype, device));
-  auto* base = static_cast<std::byte*>(out.owners.back().data());
-  offset = 0;
-  for (const int h : heads) {
-    out.views.emplace_back(base + offset * static_cast<std::int64_t>(dtype_size(dtype)), dtype, device,
-                           Dims{rows, h, head_size}, Dims{width, head_size, 1});
-    offset += static_cast<std::int64_t>(h) * head_size;
-  }
-  return out;
-}
-
-// An output [rows, H, D] inside a poisoned allocation with guard rows (and,
-// when strided, a spare head's width per row).
-struct GuardedOutput {
-  Tensor storage;  // [kGuardRows + rows + kGuardRows, width]
-  TensorView view;
-  int rows = 0;
-  std::int64_t width = 0;
-  std::int64_t row_elems = 0;
-};
-
-GuardedOutput make_output(int rows, int heads, int head_size, DType dtype, Device device, bool strided) {
-  GuardedOutput o;
-  o.rows = rows;
-  o.row_elems = static_cast<std::int64_t>(heads) * head_size;
-  o.width = o.row_elems + (strided ? head_size : 0);
-  o.storage = Tensor::empty({rows + 2 * kGuardRows, o.width}, dtype, device);
-  auto* base = static_cast<std::byte*>(o.storage.data()) +
-               kGuardRows * o.width * static_cast<std::int64_t>(dtype_size(dtype));
-  o.view = TensorView(base, dtype, device, Dims{rows, heads, head_size}, Dims{o.width, head_size, 1});
-  return o;
-}
-
-// An LSE [H, rows] f32 inside a poisoned [H, rows + 2 * kGuardRows] allocation.
-struct GuardedLse {
-  Tensor storage;
-  TensorView view;
-};
-
-GuardedLse make_lse(int heads, int rows, Device device) {
-  GuardedLse l;
-  const std::int64_t width = rows + 2 * kGuardRows;
-  l.storage = Tensor::empty({heads, width}, DType::F32, device);
-  auto* base = static_cast<float*>(l.storage.data()) + kGuardRows;
-  l.view = TensorView(base, DType::F32, device, Dims{heads, rows}, Dims{width, 1});
-  return l;
-}
-
-// Real region [0, real_rows) x [0, row_elems) as floats; any other element
-// that is no longer the poison pattern is reported.
-std::optional<std::string> read_output(const GuardedOutput& o, int real_rows, std::vector<float>& real) {
-  const DType t = o.storage.dtype();
-  const auto bytes = to_byte_vector(o.storage);
-  const auto poison = poison_bytes(t);
-  real.clear();
-  for (std::int64_t g = 0; g < o.rows + 2 * kGuardRows; ++g) {
-    const std::int64_t row = g - kGuardRows;
-    const bool real_row = row >= 0 && row < real_rows;
-    for (std::int64_t col = 0; col < o.width; ++col) {
-      const auto e = static_cast<std::size_t>(g * o.width + col);
-      if (real_row && col < o.row_elems) {
-        real.push_back(load_as_float(&bytes[e * poison.size()], t));
-      } else if (!equals_at(bytes, e, poison)) {
-        const char* what =
-            row < 0 || row >= o.rows ? "guard row" : (col >= o.row_elems ? "row stride gap" : "padded row");
-        return fmt::format("output {} overwritten: row {}, element {}", what, row, col);
-      }
-    }
-  }
-  return std::nullopt;
-}
-
-std::optional<std::string> read_lse(const GuardedLse& l, int rows, int real_rows, std::vector<float>& real) {
-  const auto bytes = to_byte_vector(l.storage);
-  const auto poison = poison_bytes(DType::F32);
-  const std::int64_t heads = l.storage.size(0);
-  const std::int64_t width = l.storage.size(1);
-  real.clear();
-  for (std::int64_t h = 0; h < heads; ++h) {
-    for (std::int64_t col = 0; col < width; ++col) {
-      const std::int64_t token = col - kGuardRows;
-      const auto e = static_cast<std::size_t>(h * width + col);
-      if (token >= 0 && token < real_rows) {
-        real.push_back(load_as_float(&bytes[e * poison.size()], DType::F32));
-      } else if (!equals_at(bytes, e, poison)) {
-        const char* what = token < 0 || token >= rows ? "guard column" : "padded token";
-        return fmt::format("lse {} overwritten: head {}, token {}", what, h, token);
-      }
-    }
-  }
-  return std::nullopt;
-}
-
-// The paged cache under test and the byte image it must hold: poison
-// everywhere except the slots written, which hold the encoded K/V.
-class CacheUnderTest {
- public:
-  CacheUnderTest(const AttentionBackend& backend, const ConformanceCase& c, std::int64_t num_blocks,
-                 Device device)
-      : storage_dtype_(kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype)),
-        fp8_(is_quantized_kv_cache(c.kv_cache_dtype)),
-        block_size_(c.block_size),
-        kv_heads_(c.num_kv_heads),
-        head_size_(c.head_size) {
-    const Dims shape =
-        backend.kv_cache_shape(num_blocks, c.block_size, c.num_kv_heads, c.head_size, c.kv_cache_dtype);
-    const std::vector<int> order = backend.kv_cache_stride_order(c.layout);
-    storage_ = Tensor::empty_strided_order(shape, order, storage_dtype_, device);
-    fill_tensor_bits(storage_, poison_bits(storage_dtype_));
-    view_ = backend.unbind_kv_cache(storage_);
-    const auto poison = poison_bytes(storage_dtype_);
-    const auto elements = static_cast<std::size_t>(num_blocks) * c.block_size * c.num_kv_heads * c.head_size;
-    for (auto* image : {&expected_key_, &expected_value_}) {
-      image->resize(elements * poison.size());
-      for (std::size_t e = 0; e < elements; ++e)
-        std::copy(poison.begin(), poison.end(), image->begin() + e * poison.size());
-    }
-  }
-
-  const KVCacheView& view() const { return view_; }
-
-  // Records one token's K and V ([Hkv, D] each, model-dtype values) as stored at `slot`.
-  void record(std::int64_t slot, const float* key, const float* value, const std::vector<float>& k_scale,
-              const std::vector<float>& v_scale) {
-    encode(expected_key_, slot, key, k_scale);
-    encode(expected_value_, slot, value, v_scale);
-  }
-
-  // What attention reads back for model value x stored with `scale`.
-  float read_value(float x, float scale) const {
-    std::array<std::byte, sizeof(double)> buf{};
-    store_from_float(buf.data(), storage_dtype_, fp8_ ? x / scale : x);
-    const double stored = load_as_float(buf.data(), storage_dtype_);
-    return static_cast<float>(fp8_ ? stored * static_cast<double>(scale) : stored);
-  }
-
-  std::optional<std::string> check() const {
-    if (auto bad = compare_half(in_key_order(to_byte_vector(view_.key)), expected_key_, "key")) return bad;
-    return compare_half(to_byte_vector(view_.value), expected_value_, "value");
-  }
-
- private:
-  void encode(std::vector<std::uint8_t>& image, std::int64_t slot, const float* x,
-              const std::vector<float>& scale) const {
-    const std::size_t es = dtype_size(storage_dtype_);
-    for (int h = 0; h < kv_heads_; ++h) {
-      const float s = scale.size() == 1 ? scale[0] : scale[static_cast<std::size_t>(h)];
-      for (int d = 0; d < head_size_; ++d) {
-        const std::size_t i = static_cast<std::size_t>(h) * head_size_ + d;
-        const auto e = (static_cast<std::size_t>(slot) * kv_heads_ + h) * head_size_ + d;
-        store_from_float(&image[e * es], storage_dtype_, fp8_ ? x[i] / s : x[i]);
-      }
-    }
-  }
-
-  // The logical bytes [NB, BS, Hkv, D] of the K half from the bytes at each
-  // logical position, which a packed K holds in its own order (kv_packing.h).
-  std::vector<std::uint8_t> in_key_order(const std::vector<std::uint8_t>& at_positions) const {
-    if (view_.key_packing == KeyPacking::None) return at_positions;
-    std::vector<std::uint8_t> out(at_positions.size());
-    const std::size_t es = dtype_size(storage_dtype_);
-    const auto element = [&](std::size_t block, std::int64_t slot, int h, std::int64_t d) {
-      return ((block * block_size_ + static_cast<std::size_t>(slot)) * kv_heads_ + h) * head_size_ +
-             static_cast<std::size_t>(d);
-    };
-    for (std::size_t b = 0; b * block_size_ * kv_heads_ * head_size_ * es < at_positions.size(); ++b) {
-      for (int s = 0; s < block_size_; ++s) {
-        for (int h = 0; h < kv_heads_; ++h) {
-          for (int d = 0; d < head_size_; ++d) {
-            const std::int64_t at = key_offset_in_block(view_.key_packing, s, d, head_size_);
-            std::copy_n(at_positions.begin() + static_cast<std::ptrdiff_t>(element(b, at / head_size_, h, at % head_size_) * es),
-                        es, out.begin() + static_cast<std::ptrdiff_t>(element(b, s, h, d) * es));
-          }
-        }
-      }
-    }
-    return out;
-  }
-
-  std::optional<std::string> compare_half(const std::vector<std::uint8_t>& actual,
-                                          const std::vector<std::uint8_t>& expected, std::string_view name) const {
-    if (actual == expected) return std::nullopt;
-    const std::size_t es = dtype_size(storage_dtype_);
-    const auto poison = poison_bytes(storage_dtype_);
-    for (std::size_t e = 0; e * es < actual.size(); ++e) {
-      if (std::equal(actual.begin() + e * es, actual.begin() + (e + 1) * es, expected.begin() + e * es))
-        continue;
-      const std::size_t d = e % head_size_;
-      const std::size_t h = e / head_size_ % kv_heads_;
-      const std::size_t slot = e / head_size_ / kv_heads_;
-      const bool unwritten = equals_at(expected, e, poison);
-      return fmt::format("kv_cache.{}[block {}, offset {}, head {}, dim {}]: {} (got {}, want {})", name,
-                         slot / block_size_, slot % block_size_, h, d,
-                         unwritten ? "slot outside the written ones was modified" : "stored value differs",
-                         load_as_float(&actual[e * es], storage_dtype_),
-                         load_as_float(&expected[e * es], storage_dtype_));
-    }
-    return std::nullopt;
-  }
-
-  DType storage_dtype_;
-  bool fp8_;
-  int block_size_;
-  int kv_heads_;
-  int head_size_;
-  Tensor storage_;
-  KVCacheView view_;
-  std::vector<std::uint8_t> expected_key_;
-  std::vector<std::uint8_t> expected_value_;
-};
 
 // One forward call of the case: its metadata, inputs and what the oracle says.
 struct Step {

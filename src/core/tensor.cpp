@@ -126,7 +126,7 @@ void require_cpu(Device d, std::string_view where) {
 // aligned to it and offered to transparent huge pages: the paged KV cache is
 // read block by block in an order the page table does not predict, and with
 // 4 KiB pages every block costs a TLB miss, which a virtual machine's nested
-// page walk makes slow (docs/perf.md, attempt 45: `8q1s8k` 10-13% faster).
+// page walk makes slow (`8q1s8k` ~10% faster on huge pages on a 2-core VM).
 constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
 std::size_t cpu_alignment(std::size_t bytes) {

@@ -1,4 +1,4 @@
-// The REFERENCE backend: the scalar fp64 oracle of DESIGN.md section 5 behind
+// The REFERENCE backend: the scalar fp64 oracle of docs/semantics.md behind
 // the ordinary backend interface. Correct for every feature, slow on purpose,
 // never auto-selected.
 //

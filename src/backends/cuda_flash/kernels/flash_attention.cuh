@@ -99,7 +99,7 @@ __device__ __forceinline__ void with_full_head(bool full, F&& f) {
 // fp8 K/V always compute in f16, whatever the query dtype. fp8 -> f16 is one
 // hardware conversion per two values and exact for e4m3 and e5m2 alike,
 // where fp8 -> bf16 took five instructions (fp8 -> f16 -> f32 -> bf16) and
-// was what bound the fp8 decode (docs/perf.md, attempts 15-16). bf16 queries are
+// was what bound the fp8 decode. bf16 queries are
 // converted to f16 once per pass, scaled by a power of two that keeps them
 // below the f16 maximum (folded back into the score scale), and P rounds to
 // f16, three more mantissa bits than bf16.

@@ -1,6 +1,6 @@
 // Kernel ABI of CUDA_FLASH: POD params, the per-step work list the metadata
 // builder uploads, and the host-callable launchers. Raw pointers only; no core
-// headers (DESIGN.md section 2). The backend validates every argument before
+// headers (the dependency rule of docs/architecture.md). The backend validates every argument before
 // filling these structs.
 #pragma once
 

@@ -2,7 +2,7 @@
 // K/V): the mma.sync kernel's work items and online softmax, with S = Q K^T
 // and O += P V on warpgroup MMAs (wgmma) that read Q, K and V straight from
 // 128-byte swizzled shared memory, where mma.sync had every warp load its
-// operands through ldmatrix into registers it did not have (perf.md).
+// operands through ldmatrix into registers it did not have (255, with spills).
 //
 // A CTA is two warpgroups (256 threads) and takes a 128-row pass: warpgroup w
 // owns packed rows [64w, 64w + 64) and every key of a tile, so each K/V tile
