@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <pagedattn/attention.h>
 #include <pagedattn/ops.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <cmath>
 #include <functional>

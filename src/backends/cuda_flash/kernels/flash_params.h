@@ -4,7 +4,7 @@
 // filling these structs.
 #pragma once
 
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstdint>
 

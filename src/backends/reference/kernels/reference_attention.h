@@ -6,8 +6,8 @@
 // validates every argument before filling the struct.
 #pragma once
 
-#include <pagedattn/kv_packing.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/kv_packing.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstddef>
 #include <cstdint>
