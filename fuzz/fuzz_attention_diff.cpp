@@ -18,11 +18,11 @@
 // - rows whose visible scores are all NaN come out as zeros: the inputs are
 //   finite (normal values, fp8 scales keeping every value in range).
 #include <fuzzer/FuzzedDataProvider.h>
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <cmath>

@@ -12,10 +12,10 @@
 // builders; CPU_ATTN's work plan must cover every (request, KV head, query
 // token) exactly once, split requests by key ranges that tile the sequence.
 #include <fuzzer/FuzzedDataProvider.h>
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <cstddef>

@@ -8,7 +8,7 @@
 // each layer's forward.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/forward_context.h>
 #include <pagedattn/kv_cache.h>
 #include <pagedattn/tensor.h>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <fmt/format.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <optional>
 #include <string>

@@ -4,7 +4,7 @@
 // engine from it instead of taking them as arguments.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/tensor.h>
 
 #include <functional>

@@ -3,7 +3,7 @@
 // stride order, bound per virtual engine.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/attention_types.h>
 #include <pagedattn/tensor.h>
 
 #include <cstddef>

@@ -3,7 +3,7 @@
 // arguments before touching memory, so a rejected call changes nothing.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/attention_types.h>
 #include <pagedattn/tensor.h>
 
 #include <cstdint>

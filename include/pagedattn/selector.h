@@ -3,8 +3,8 @@
 // explicit request (argument or PAGEDATTN_BACKEND) that is invalid is an error.
 #pragma once
 
-#include <pagedattn/backend.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/backend.h>
+#include <pagedattn/backend/registry.h>
 
 #include <string>
 #include <string_view>

@@ -3,7 +3,7 @@
 // this output; a test compares them).
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include <string>
 #include <utility>

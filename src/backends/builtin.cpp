@@ -1,6 +1,6 @@
 // Registers every backend compiled into the library. This file is the only
 // place that knows the list; core reaches backends through the registry.
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include "backends/cpu_attn/cpu_attn_backend.h"
 #include "backends/reference/reference_backend.h"

@@ -3,7 +3,7 @@
 #include <pagedattn/conformance.h>
 #include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include "bench/batch_spec.h"
 #include "bench/median.h"

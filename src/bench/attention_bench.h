@@ -2,7 +2,7 @@
 // after checking its output against the REFERENCE backend.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include <cstdint>
 #include <functional>

@@ -1,7 +1,7 @@
 #include "conformance/cache_under_test.h"
 
 #include <fmt/format.h>
-#include <pagedattn/kv_packing.h>
+#include <pagedattn/backend/kv_packing.h>
 
 #include <algorithm>
 #include <array>

@@ -1,6 +1,6 @@
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/kv_cache.h>
 

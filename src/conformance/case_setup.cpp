@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 #include <pagedattn/error.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <array>

@@ -3,7 +3,7 @@
 // views into one fused qkv buffer).
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/conformance.h>
 
 #include <cstddef>

@@ -2,7 +2,7 @@
 // dense attention computed here.
 #include <gtest/gtest.h>
 #include <pagedattn/attention.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <cmath>

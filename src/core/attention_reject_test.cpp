@@ -6,7 +6,7 @@
 // backend through the registry (core never includes a backend).
 #include <gtest/gtest.h>
 #include <pagedattn/attention.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <cstdint>
 #include <functional>

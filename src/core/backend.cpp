@@ -1,4 +1,4 @@
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include "core/strings.h"
 

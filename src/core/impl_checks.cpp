@@ -1,4 +1,4 @@
-#include <pagedattn/impl_checks.h>
+#include <pagedattn/backend/impl_checks.h>
 
 #include <algorithm>
 #include <string>

@@ -1,7 +1,7 @@
 // Packed K (kv_packing.h): the offset function's layout, reshape_and_cache's
 // packed writes against its row-major ones, and the packing's validation.
 #include <gtest/gtest.h>
-#include <pagedattn/kv_packing.h>
+#include <pagedattn/backend/kv_packing.h>
 #include <pagedattn/ops.h>
 
 #include <cstdint>

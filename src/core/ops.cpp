@@ -8,6 +8,7 @@
 // validating front-ends; a path that must not sync (CUDA graph capture) has
 // to call the device's OpsImpl directly, with slots validated when the step's
 // metadata was built.
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/ops.h>
 
 #include <array>

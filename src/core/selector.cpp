@@ -1,5 +1,5 @@
 #include <pagedattn/log.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 #include <pagedattn/selector.h>
 
 #include "core/strings.h"

@@ -1,5 +1,5 @@
 #include <gtest/gtest.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 #include <pagedattn/selector.h>
 
 #include <cstdlib>

@@ -4,7 +4,7 @@
 // CUDA device.
 #include <gtest/gtest.h>
 #include <pagedattn/ops.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <cmath>
 #include <limits>

@@ -8,7 +8,7 @@
 #include <pagedattn/conformance.h>
 #include <pagedattn/ops.h>
 #include <pagedattn/parallel.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <cmath>

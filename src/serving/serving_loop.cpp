@@ -1,7 +1,7 @@
 #include "serving/serving_loop.h"
 
 #include <pagedattn/conformance.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/scalar.h>
 #include <unistd.h>
 
 #include <algorithm>

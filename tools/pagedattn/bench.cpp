@@ -2,7 +2,7 @@
 // against REFERENCE first, with the machine's roofline measured in the same run.
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 #include <pagedattn/error.h>
 
 #include "bench/attention_bench.h"

@@ -1,6 +1,6 @@
 #include <fmt/ranges.h>
 #include <pagedattn/conformance.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <cstdio>

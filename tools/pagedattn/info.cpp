@@ -1,4 +1,4 @@
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 #include <pagedattn/support_matrix.h>
 
 #include "commands.h"

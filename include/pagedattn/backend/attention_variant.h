@@ -7,8 +7,8 @@
 // kv_packing.h only (no fmt, no core types).
 #pragma once
 
-#include <pagedattn/kv_packing.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/kv_packing.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstdint>
 

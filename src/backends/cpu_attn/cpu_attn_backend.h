@@ -3,8 +3,8 @@
 // on the CPU. Design: docs/cpu_attn.md.
 #pragma once
 
-#include <pagedattn/backend.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/backend.h>
+#include <pagedattn/backend/registry.h>
 
 #include <memory>
 #include <string_view>

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/registry.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/registry.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <algorithm>
 #include <cmath>

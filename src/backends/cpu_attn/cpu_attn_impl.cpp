@@ -1,7 +1,7 @@
 #include "backends/cpu_attn/cpu_attn_impl.h"
 
 #include <pagedattn/error.h>
-#include <pagedattn/impl_checks.h>
+#include <pagedattn/backend/impl_checks.h>
 #include <pagedattn/ops.h>
 
 #include "backends/cpu_attn/cpu_attn_metadata.h"

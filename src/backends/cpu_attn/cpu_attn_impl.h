@@ -2,8 +2,8 @@
 // params and runs the step's work list on the thread pool.
 #pragma once
 
-#include <pagedattn/backend.h>
-#include <pagedattn/impl_checks.h>
+#include <pagedattn/backend/backend.h>
+#include <pagedattn/backend/impl_checks.h>
 
 #include <string_view>
 

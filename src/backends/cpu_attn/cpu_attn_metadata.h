@@ -1,7 +1,7 @@
 // CPU_ATTN's per-step metadata (the plan) and its builder.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include "backends/cpu_attn/cpu_attn_plan.h"
 

@@ -2,7 +2,7 @@
 
 #include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <cmath>

@@ -3,8 +3,8 @@
 // by its metadata builder. docs/cuda_flash.md describes the design.
 #pragma once
 
-#include <pagedattn/backend.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/backend.h>
+#include <pagedattn/backend/registry.h>
 
 #include <memory>
 #include <string_view>

@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <pagedattn/forward_context.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <cmath>

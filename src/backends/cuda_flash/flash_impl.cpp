@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 #include <pagedattn/error.h>
-#include <pagedattn/impl_checks.h>
+#include <pagedattn/backend/impl_checks.h>
 #include <pagedattn/ops.h>
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 // an oversized partial region) and never synchronizes.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include <memory>
 

@@ -1,7 +1,7 @@
 // CUDA_FLASH's per-step metadata (the uploaded plan) and its builder.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,7 +1,7 @@
 #include "reference_backend.h"
 
 #include <pagedattn/error.h>
-#include <pagedattn/impl_checks.h>
+#include <pagedattn/backend/impl_checks.h>
 #include <pagedattn/ops.h>
 
 #include <algorithm>

@@ -8,8 +8,8 @@
 // sink or not.
 #pragma once
 
-#include <pagedattn/backend.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/backend.h>
+#include <pagedattn/backend/registry.h>
 
 #include <memory>
 #include <string_view>

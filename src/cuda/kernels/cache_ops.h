@@ -3,7 +3,7 @@
 // launchers return a cudaError_t value (0 = success).
 #pragma once
 
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstddef>
 #include <cstdint>

@@ -2,7 +2,7 @@
 // gigabyte caches filled on the device instead of the host).
 #pragma once
 
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstdint>
 

@@ -5,8 +5,8 @@
 // below says otherwise.
 #pragma once
 
-#include <pagedattn/kv_packing.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/kv_packing.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstdint>
 

@@ -9,8 +9,8 @@
 // chosen at run time (cpu_attn_isa.h).
 #pragma once
 
-#include <pagedattn/kv_packing.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/kv_packing.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstddef>
 #include <cstdint>

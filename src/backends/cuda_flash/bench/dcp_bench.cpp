@@ -13,7 +13,7 @@
 #include <pagedattn/conformance.h>
 #include <pagedattn/ops.h>
 #include <pagedattn/parallel.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

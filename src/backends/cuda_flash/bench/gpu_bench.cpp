@@ -10,7 +10,7 @@
 #include <pagedattn/conformance.h>
 #include <pagedattn/forward_context.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/registry.h>
+#include <pagedattn/backend/registry.h>
 
 #include <algorithm>
 #include <chrono>

@@ -5,7 +5,7 @@
 #pragma once
 
 #include <pagedattn/backend/attention_variant.h>
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/scalar.h>
 
 #include <cstdint>
 

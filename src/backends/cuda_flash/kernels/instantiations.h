@@ -11,7 +11,7 @@
 // only (flash_wgmma_hd128.cu).
 #pragma once
 
-#include <pagedattn/scalar.h>
+#include <pagedattn/backend/scalar.h>
 
 #include "flash_params.h"
 

@@ -5,7 +5,7 @@
 // and checks its output, LSE, guard regions, cache and determinism.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include <cstdint>
 #include <functional>

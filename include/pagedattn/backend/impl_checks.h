@@ -3,7 +3,7 @@
 // InvalidArgument naming the argument, the expected and the given value.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include <span>
 #include <string_view>

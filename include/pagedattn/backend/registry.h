@@ -2,7 +2,7 @@
 // place in its device's priority list. Core knows backends only through here.
 #pragma once
 
-#include <pagedattn/backend.h>
+#include <pagedattn/backend/backend.h>
 
 #include <memory>
 #include <string_view>

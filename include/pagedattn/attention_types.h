@@ -1,0 +1,103 @@
+// The attention types a user of the library names: attention type, KV-cache
+// dtype and layout, the selector's question, a layer's quantization state, a
+// layer's KV-cache halves and the impl's constructor arguments. The backend
+// interface (backend/backend.h) builds on them.
+#pragma once
+
+#include <pagedattn/backend/kv_packing.h>
+#include <pagedattn/tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagedattn {
+
+enum class AttentionType {
+  Decoder,         // causal self-attention over the paged KV cache
+  Encoder,         // bidirectional encoder self-attention of an enc-dec model, no cache
+  EncoderOnly,     // BERT-style bidirectional self-attention, no cache
+  EncoderDecoder,  // decoder queries x encoder K/V cached once (cross-attention)
+};
+// vLLM's spellings: "decoder", "encoder", "encoder_only", "encoder_decoder".
+std::string_view attention_type_name(AttentionType t);
+std::optional<AttentionType> parse_attention_type(std::string_view name);
+
+// vLLM's CacheDType strings; "fp8" means e4m3.
+enum class CacheDType { Auto, Float16, BFloat16, Fp8, Fp8E4M3, Fp8E5M2 };
+std::string_view cache_dtype_name(CacheDType t);
+std::optional<CacheDType> parse_cache_dtype(std::string_view name);
+bool is_quantized_kv_cache(CacheDType t);
+// Element type stored in the cache: auto -> the model dtype, fp8 -> FP8_E4M3, ...
+DType kv_cache_storage_dtype(CacheDType t, DType model_dtype);
+
+enum class KVCacheLayout { NHD, HND };
+std::string_view kv_cache_layout_name(KVCacheLayout l);
+std::optional<KVCacheLayout> parse_kv_cache_layout(std::string_view name);
+
+// What the selector is asked about (vLLM's AttentionSelectorConfig).
+struct SelectorConfig {
+  int head_size = 0;
+  DType dtype = DType::BF16;
+  CacheDType kv_cache_dtype = CacheDType::Auto;
+  std::optional<int> block_size;  // only filtered on when the user set it
+  bool use_mla = false;
+  bool has_sink = false;
+  bool use_sparse = false;
+  bool use_mm_prefix = false;
+  bool use_per_head_quant_scales = false;
+  AttentionType attn_type = AttentionType::Decoder;
+  bool use_non_causal = false;
+  bool use_batch_invariant = false;
+  Device device = Device::cpu();
+  DeviceCapability capability{};
+
+  // A printable key; equal configs give equal keys (the selection cache key).
+  std::string str() const;
+};
+
+// Quantization state a layer exposes to its impl (vLLM's AttentionLayer protocol).
+struct LayerQuantState {
+  Tensor q_scale;  // [1] f32
+  Tensor k_scale;  // [1] or [num_kv_heads] f32 (per-tensor or per-KV-head)
+  Tensor v_scale;  // same shape as k_scale
+  Tensor prob_scale;  // [1] f32
+  float q_scale_float = 1.0f;
+  float k_scale_float = 1.0f;
+  float v_scale_float = 1.0f;
+  float prob_scale_float = 1.0f;
+};
+
+// The two halves of a layer's KV cache, each logically [num_blocks, block_size,
+// num_kv_heads, head_size] with whatever strides the layout gives (NHD or HND).
+// K may be packed (kv_packing.h): its rows are then located by the strides
+// but hold their elements in the packed order.
+struct KVCacheView {
+  TensorView key;    // [NB, BS, Hkv, D]
+  TensorView value;  // [NB, BS, Hkv, D]
+  KeyPacking key_packing = KeyPacking::None;
+  bool defined() const { return key.defined(); }
+  std::int64_t num_blocks() const { return key.size(0); }
+  int block_size() const { return static_cast<int>(key.size(1)); }
+};
+
+// The impl constructor arguments, in vLLM's positional order, plus the extras.
+struct AttentionImplParams {
+  int num_heads = 0;
+  int head_size = 0;
+  float scale = 1.0f;
+  int num_kv_heads = 0;
+  std::vector<float> alibi_slopes;  // [num_heads] or empty
+  std::optional<int> sliding_window;
+  CacheDType kv_cache_dtype = CacheDType::Auto;
+  std::optional<float> logits_soft_cap;
+  AttentionType attn_type = AttentionType::Decoder;
+  std::optional<std::string> kv_sharing_target_layer_name;
+  std::vector<float> sinks;  // [num_heads] f32 sink logits, or empty
+  DType dtype = DType::BF16;  // model (activation) dtype
+  Device device = Device::cpu();
+};
+
+}  // namespace pagedattn
