@@ -347,7 +347,7 @@ bool supported(const AttentionBackend& backend, const Problem& p) {
   cfg.attn_type = p.params.attn_type;
   cfg.use_non_causal = p.params.attn_type == AttentionType::Decoder && !p.causal;
   return backend.validate_configuration(cfg).empty() &&
-         backend.plan_kernel(make_attention_problem(p.params, p.block_size, nullptr, true, p.per_head_scales))
+         backend.problem_support(make_attention_problem(p.params, p.block_size, nullptr, true, p.per_head_scales))
              .supported();
 }
 

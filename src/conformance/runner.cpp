@@ -407,9 +407,9 @@ CaseResult CaseRun::run() {
   }
 
   const bool per_head = c_.per_head_kv_scales && is_quantized_kv_cache(c_.kv_cache_dtype);
-  const KernelPlan plan = backend_.plan_kernel(
+  const ProblemSupport support = backend_.problem_support(
       make_attention_problem(params_, c_.block_size, &steps[0].common, want_lse_, per_head));
-  if (!plan.supported()) return {CaseStatus::Skipped, join(plan.reasons)};
+  if (!support.supported()) return {CaseStatus::Skipped, join(support.reasons)};
 
   impl_ = backend_.make_impl(params_);
   BuilderParams builder_params;

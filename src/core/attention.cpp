@@ -280,7 +280,7 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
   // Features the selector does not ask about (window, soft cap, ALiBi) are
   // rejected here rather than at the first forward.
   require_supported(
-      backend_->plan_kernel(make_attention_problem(params, block_size_, nullptr, false, per_head_scales)),
+      backend_->problem_support(make_attention_problem(params, block_size_, nullptr, false, per_head_scales)),
       backend_->name());
   impl_ = backend_->make_impl(params);
   check_arg(impl_ != nullptr, where, "attn_backend impl", "an impl", "null");

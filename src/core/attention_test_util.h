@@ -101,9 +101,8 @@ class FakeBackend final : public AttentionBackend {
   bool supports_attn_type(AttentionType) const override { return true; }
   bool can_return_lse() const override { return features_.returns_lse; }
   bool forward_includes_kv_cache_update() const override { return features_.writes_in_forward; }
-  KernelPlan plan_kernel(const AttentionProblem&) const override {
-    KernelPlan plan;
-    plan.kernel = "copy";
+  ProblemSupport problem_support(const AttentionProblem&) const override {
+    ProblemSupport plan;
     if (!features_.supported) plan.reasons.emplace_back("fake kernel disabled");
     return plan;
   }

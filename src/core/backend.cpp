@@ -267,7 +267,7 @@ void adopt_step(std::string_view where, const CommonAttentionMetadata& common, B
   metadata.common = common.with_own_host_arrays();
 }
 
-void require_supported(const KernelPlan& plan, std::string_view backend_name) {
+void require_supported(const ProblemSupport& plan, std::string_view backend_name) {
   if (plan.supported()) return;
   std::string joined;
   for (const std::string& r : plan.reasons) joined += (joined.empty() ? "" : "; ") + r;

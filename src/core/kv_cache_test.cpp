@@ -77,7 +77,7 @@ class ShapeOnlyBackend final : public AttentionBackend {
   std::vector<CacheDType> supported_kv_cache_dtypes() const override { return {}; }
   bool supports_attn_type(AttentionType) const override { return true; }
   std::optional<KVCacheLayout> required_kv_cache_layout() const override { return required_; }
-  KernelPlan plan_kernel(const AttentionProblem&) const override { return KernelPlan{{}, "none", 0}; }
+  ProblemSupport problem_support(const AttentionProblem&) const override { return {}; }
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override {
     return std::make_unique<ShapeOnlyImpl>(params);
   }

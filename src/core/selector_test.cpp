@@ -21,7 +21,7 @@ class FakeBackend : public AttentionBackend {
   bool supports_compute_capability(DeviceCapability cap) const override {
     return device_ == DeviceType::CPU || cap.major >= 8;
   }
-  KernelPlan plan_kernel(const AttentionProblem&) const override { return {}; }
+  ProblemSupport problem_support(const AttentionProblem&) const override { return {}; }
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams&) const override { return nullptr; }
   std::unique_ptr<AttentionMetadataBuilder> make_builder(const BuilderParams&) const override { return nullptr; }
 

@@ -1,6 +1,7 @@
 // The backend interface (vLLM's AttentionBackend / AttentionImpl /
-// AttentionMetadataBuilder): capability queries, KV-cache shape, the one
-// kernel-plan predicate, and factories for the impl and metadata builder.
+// AttentionMetadataBuilder): capability queries, KV-cache shape, the support
+// check for a concrete problem, and factories for the impl and the metadata
+// builder, whose output is the step plan.
 #pragma once
 
 #include <pagedattn/attention_types.h>
@@ -24,8 +25,8 @@ struct MultipleOf {
 };
 using KernelBlockSize = std::variant<int, MultipleOf>;
 
-// Everything one forward call's kernel choice depends on: the input of the one
-// predicate that answers "supported?", "which kernel?" and "how much workspace?".
+// What a backend needs to know to say whether it can run one layer's forward
+// for a batch (problem_support).
 struct AttentionProblem {
   int num_heads = 0;
   int num_kv_heads = 0;
@@ -48,10 +49,10 @@ struct AttentionProblem {
   int max_seq_len = 0;
 };
 
-struct KernelPlan {
+// Whether a backend can run a concrete layer and batch. Which kernel runs and
+// the workspace it uses are the step plan's (the builder's metadata).
+struct ProblemSupport {
   std::vector<std::string> reasons;  // empty = supported
-  std::string kernel;                // name of the kernel that will run
-  std::size_t workspace_bytes = 0;   // device workspace the plan needs
   bool supported() const { return reasons.empty(); }
 };
 
@@ -182,8 +183,8 @@ class AttentionBackend {
   // backend that packs K must also read packed K wherever it reads the cache.
   virtual KeyPacking key_packing(const TensorView& /*key_cache*/) const { return KeyPacking::None; }
 
-  // ---- the one predicate: supported? which kernel? how much workspace? ----
-  virtual KernelPlan plan_kernel(const AttentionProblem& problem) const = 0;
+  // ---- can this backend run a concrete layer and batch? ----
+  virtual ProblemSupport problem_support(const AttentionProblem& problem) const = 0;
 
   // ---- factories ----
   virtual std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const = 0;
@@ -222,6 +223,6 @@ void check_key_packing(std::string_view where, const TensorView& key_cache, KeyP
 std::string_view key_packing_name(KeyPacking packing);
 
 // Throws Unsupported listing the plan's reasons when it is not supported.
-void require_supported(const KernelPlan& plan, std::string_view backend_name);
+void require_supported(const ProblemSupport& plan, std::string_view backend_name);
 
 }  // namespace pagedattn

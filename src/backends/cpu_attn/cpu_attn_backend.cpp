@@ -45,36 +45,25 @@ KeyPacking CpuAttnBackend::key_packing(const TensorView& key_cache) const {
   return can_hold_key_packing(key_cache, preferred) ? preferred : KeyPacking::None;
 }
 
-KernelPlan CpuAttnBackend::plan_kernel(const AttentionProblem& problem) const {
-  KernelPlan plan;
-  if (auto rule = head_size_rule(problem.head_size)) plan.reasons.push_back(std::move(*rule));
+ProblemSupport CpuAttnBackend::problem_support(const AttentionProblem& problem) const {
+  ProblemSupport support;
+  if (auto rule = head_size_rule(problem.head_size)) support.reasons.push_back(std::move(*rule));
   if (!supports_dtype(problem.dtype)) {
-    plan.reasons.push_back(fmt::format("dtype {} not supported", problem.dtype));
+    support.reasons.push_back(fmt::format("dtype {} not supported", problem.dtype));
   }
   if (!is_supported_kv_storage(problem.kv_storage_dtype)) {
-    plan.reasons.push_back(fmt::format("KV cache element type {} not supported", problem.kv_storage_dtype));
+    support.reasons.push_back(fmt::format("KV cache element type {} not supported", problem.kv_storage_dtype));
   }
   if (problem.num_kv_heads <= 0 || problem.num_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
-    plan.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
+    support.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
                                        problem.num_heads, problem.num_kv_heads));
   }
-  if (problem.block_size < 0) plan.reasons.push_back(fmt::format("block_size {} not supported", problem.block_size));
-  if (!plan.supported()) return plan;
-
-  plan.kernel = fmt::format("cpu_attn.{}.{}", cpu_attn::isa_name(cpu_attn::active_isa()), problem.kv_storage_dtype);
-  // Upper bound of the split-KV partials (the thread-local scratch per item is separate).
-  if (problem.num_reqs > 0 && problem.max_query_len <= cpu_attn::kSplitMaxQueryTokens) {
-    const std::size_t splits = static_cast<std::size_t>(
-        std::max(1, (problem.max_seq_len + cpu_attn::kSplitKeys - 1) / cpu_attn::kSplitKeys));
-    plan.workspace_bytes = static_cast<std::size_t>(problem.num_tokens) * splits *
-                           static_cast<std::size_t>(problem.num_heads) *
-                           cpu_attn::partial_row_floats(problem.head_size) * sizeof(float);
-  }
-  return plan;
+  if (problem.block_size < 0) support.reasons.push_back(fmt::format("block_size {} not supported", problem.block_size));
+  return support;
 }
 
 std::unique_ptr<AttentionImpl> CpuAttnBackend::make_impl(const AttentionImplParams& params) const {
-  require_supported(plan_kernel(make_attention_problem(params, 0, nullptr, false, false)), name());
+  require_supported(problem_support(make_attention_problem(params, 0, nullptr, false, false)), name());
   return std::make_unique<CpuAttnImpl>(params);
 }
 

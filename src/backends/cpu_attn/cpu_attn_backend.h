@@ -39,7 +39,7 @@ class CpuAttnBackend : public AttentionBackend {
   // (cpu_attn::preferred_key_packing) and that can hold it (can_hold_key_packing:
   // HND rows, a block size that is a multiple of kPackedKeyGroup).
   KeyPacking key_packing(const TensorView& key_cache) const override;
-  KernelPlan plan_kernel(const AttentionProblem& problem) const override;
+  ProblemSupport problem_support(const AttentionProblem& problem) const override;
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override;
   std::unique_ptr<AttentionMetadataBuilder> make_builder(const BuilderParams& params) const override;
 };

@@ -27,48 +27,27 @@ std::optional<std::string> CudaFlashBackend::head_size_rule(int head_size) const
   return std::nullopt;
 }
 
-KernelPlan CudaFlashBackend::plan_kernel(const AttentionProblem& problem) const {
-  KernelPlan plan;
+ProblemSupport CudaFlashBackend::problem_support(const AttentionProblem& problem) const {
+  ProblemSupport support;
   if (!supports_dtype(problem.dtype)) {
-    plan.reasons.push_back(fmt::format("dtype {} not supported: the kernels use f16/bf16 tensor-core MMAs",
+    support.reasons.push_back(fmt::format("dtype {} not supported: the kernels use f16/bf16 tensor-core MMAs",
                                        problem.dtype));
   }
   const bool kv_ok = problem.kv_storage_dtype == problem.dtype || is_fp8(problem.kv_storage_dtype);
   if (!kv_ok) {
-    plan.reasons.push_back(fmt::format("kv cache storage dtype {} not supported with dtype {}",
+    support.reasons.push_back(fmt::format("kv cache storage dtype {} not supported with dtype {}",
                                        problem.kv_storage_dtype, problem.dtype));
   }
   if (problem.head_size <= 0 || head_size_rule(problem.head_size)) {
-    plan.reasons.push_back(fmt::format("head_size {} not supported (multiples of {} up to {})", problem.head_size,
+    support.reasons.push_back(fmt::format("head_size {} not supported (multiples of {} up to {})", problem.head_size,
                                        kHeadSizeAlign, kMaxHeadSize));
   }
   if (problem.num_heads <= 0 || problem.num_kv_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
-    plan.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
+    support.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
                                        problem.num_heads, problem.num_kv_heads));
   }
-  if (problem.block_size < 0) plan.reasons.push_back(fmt::format("block_size {} not supported", problem.block_size));
-  if (!plan.supported()) return plan;
-
-  plan.kernel = fmt::format("flash_hd{}_{}{}", cuda_flash::head_size_class(problem.head_size), problem.dtype,
-                            is_fp8(problem.kv_storage_dtype) ? fmt::format("_kv{}", problem.kv_storage_dtype) : "");
-  // Upper bound for the batch shape: every item split kMaxSplits ways.
-  if (problem.num_tokens > 0) {
-    const std::int64_t max_items =
-        static_cast<std::int64_t>(problem.num_reqs +
-                                  problem.num_tokens / cuda_flash::prefill_tokens_per_item(
-                                                           problem.num_heads / problem.num_kv_heads) +
-                                  1) *
-        cuda_flash::kMaxSplits;
-    const std::int64_t blocks_per_seq =
-        problem.block_size > 0 ? (problem.max_seq_len + problem.block_size - 1) / problem.block_size : 0;
-    plan.workspace_bytes = cuda_flash::workspace_layout(
-                               static_cast<std::size_t>(max_items), static_cast<std::size_t>(max_items),
-                               static_cast<std::size_t>(problem.num_reqs * blocks_per_seq),
-                               static_cast<std::int64_t>(problem.num_tokens) * cuda_flash::kMaxSplits,
-                               problem.num_heads, problem.head_size)
-                               .total_bytes;
-  }
-  return plan;
+  if (problem.block_size < 0) support.reasons.push_back(fmt::format("block_size {} not supported", problem.block_size));
+  return support;
 }
 
 std::unique_ptr<AttentionImpl> CudaFlashBackend::make_impl(const AttentionImplParams& params) const {

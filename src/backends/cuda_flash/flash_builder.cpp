@@ -94,8 +94,8 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     }
     cuda::DeviceGuard guard(params_.device.index);
     const int group = params_.num_heads > 0 ? params_.num_heads / params_.num_kv_heads : 1;
-    const StepPlan plan =
-        plan_step({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group,
+    const WorkList plan =
+        make_work_list({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group,
                    params_.head_size});
 
     const TensorView& bt = common.block_table_cpu;

@@ -44,7 +44,7 @@ class FlashImpl final : public AttentionImpl {
     const AttentionImplParams& p = params_;
     check_impl_params(kImplWhere, p);
     check_arg(p.device.is_cuda(), kImplWhere, "device", "a CUDA device", p.device);
-    require_supported(backend_.plan_kernel(make_attention_problem(p, 0, nullptr, false, false)), backend_.name());
+    require_supported(backend_.problem_support(make_attention_problem(p, 0, nullptr, false, false)), backend_.name());
     // Per-head constants live on the device for the whole life of the layer.
     if (!p.alibi_slopes.empty()) {
       alibi_ = Tensor::from_floats(p.alibi_slopes, {p.num_heads}, DType::F32, p.device);

@@ -47,8 +47,8 @@ int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_
   return std::clamp(std::min(by_fill, by_keys), 1, kMaxSplits);
 }
 
-StepPlan plan_step(const PlanInputs& in) {
-  StepPlan plan;
+WorkList make_work_list(const PlanInputs& in) {
+  WorkList plan;
   const auto num_reqs = static_cast<int>(in.seq_lens.size());
   struct Tile {
     int req, token_begin, num_tokens, position_begin, kv_len, mode;

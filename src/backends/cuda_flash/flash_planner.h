@@ -43,7 +43,7 @@ struct PlanInputs {
 // it can; at least one token.
 int prefill_tokens_per_item(int group);
 
-struct StepPlan {
+struct WorkList {
   std::vector<WorkItem> items;       // heaviest first
   std::vector<CombineItem> combine;  // one per split group
   std::int64_t partial_token_rows = 0;
@@ -51,7 +51,7 @@ struct StepPlan {
   bool prefill_only = false;  // there are items and every one is a prefill item
 };
 
-StepPlan plan_step(const PlanInputs& in);
+WorkList make_work_list(const PlanInputs& in);
 
 // Split count of an item over `kv_len` keys when the batch has `base_ctas`
 // CTAs without splitting, on `num_sms` multiprocessors holding `ctas_per_sm`.

@@ -26,12 +26,12 @@ struct Batch {
   }
 };
 
-StepPlan plan(const Batch& b, int num_kv_heads = 8, int num_sms = kH200Sms, int group = 4) {
-  return plan_step({b.query_start_loc, b.seq_lens, num_kv_heads, num_sms, group});
+WorkList plan(const Batch& b, int num_kv_heads = 8, int num_sms = kH200Sms, int group = 4) {
+  return make_work_list({b.query_start_loc, b.seq_lens, num_kv_heads, num_sms, group});
 }
 
 // Every (request, token range) is covered by splits that tile [0, seq_len) exactly once.
-void expect_exact_cover(const StepPlan& p, const Batch& b) {
+void expect_exact_cover(const WorkList& p, const Batch& b) {
   std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> ranges;  // (req, token) -> [kv)
   for (const WorkItem& w : p.items) ranges[{w.req, w.token_begin}].push_back({w.kv_begin, w.kv_end});
   for (auto& [key, r] : ranges) {
@@ -52,7 +52,7 @@ void expect_exact_cover(const StepPlan& p, const Batch& b) {
 
 TEST(FlashPlannerTest, FullMachineDecodeIsNotSplit) {
   const Batch b = Batch().add(1, 4096, 64);  // 64q1s4k: 512 CTAs >= 2 per SM
-  const StepPlan p = plan(b);
+  const WorkList p = plan(b);
   EXPECT_EQ(p.items.size(), 64u);
   EXPECT_TRUE(p.combine.empty());
   EXPECT_EQ(p.partial_token_rows, 0);
@@ -65,7 +65,7 @@ TEST(FlashPlannerTest, FullMachineDecodeIsNotSplit) {
 
 TEST(FlashPlannerTest, FewLongDecodesAreSplitToFillTheMachine) {
   const Batch b = Batch().add(1, 32768, 8);  // 8q1s32k: 64 CTAs unsplit
-  const StepPlan p = plan(b);
+  const WorkList p = plan(b);
   ASSERT_EQ(p.combine.size(), 8u);
   const int splits = p.combine.front().num_splits;
   EXPECT_EQ(splits, choose_num_splits(64, 32768, kH200Sms));
@@ -83,16 +83,16 @@ TEST(FlashPlannerTest, FewLongDecodesAreSplitToFillTheMachine) {
 TEST(FlashPlannerTest, DecodeOnlyStepsAimAtTheDecodeOnlyKernelsOccupancy) {
   const Batch decodes = Batch().add(1, 32768, 8);
   const auto with_head = [](const Batch& b, int head_size) {
-    return plan_step({b.query_start_loc, b.seq_lens, 8, kH200Sms, 4, head_size});
+    return make_work_list({b.query_start_loc, b.seq_lens, 8, kH200Sms, 4, head_size});
   };
-  const StepPlan small = with_head(decodes, 128);
+  const WorkList small = with_head(decodes, 128);
   EXPECT_TRUE(small.decode_only);
   EXPECT_EQ(small.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms, kDecodeOnlyCtasPerSm));
   EXPECT_GT(small.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms));
-  const StepPlan large = with_head(decodes, 256);  // no decode-only kernel for its class
+  const WorkList large = with_head(decodes, 256);  // no decode-only kernel for its class
   EXPECT_TRUE(large.decode_only);
   EXPECT_EQ(large.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms));
-  const StepPlan mixed = with_head(Batch().add(1, 32768, 8).add(100, 100), 128);
+  const WorkList mixed = with_head(Batch().add(1, 32768, 8).add(100, 100), 128);
   EXPECT_FALSE(mixed.decode_only);
   expect_exact_cover(small, decodes);
 }
@@ -101,13 +101,13 @@ TEST(FlashPlannerTest, DecodeOnlyStepsAimAtTheDecodeOnlyKernelsOccupancy) {
 // classes up to kDecodeOnlyMaxClass, the wgmma kernel for prefill-only steps
 // of its class with 16-bit K/V on sm_90 only, the mixed kernel otherwise.
 TEST(FlashPlannerTest, StepKindAndDeviceChooseTheKernel) {
-  const StepPlan prefill = plan(Batch().add(4096, 4096, 2));
+  const WorkList prefill = plan(Batch().add(4096, 4096, 2));
   EXPECT_TRUE(prefill.prefill_only);
   EXPECT_FALSE(prefill.decode_only);
-  const StepPlan mixed = plan(Batch().add(4096, 4096).add(1, 500));
+  const WorkList mixed = plan(Batch().add(4096, 4096).add(1, 500));
   EXPECT_FALSE(mixed.prefill_only);
   EXPECT_FALSE(mixed.decode_only);
-  const StepPlan empty = plan(Batch().add(0, 10));
+  const WorkList empty = plan(Batch().add(0, 10));
   EXPECT_FALSE(empty.prefill_only);
 
   constexpr int kSm80 = 80;
@@ -138,7 +138,7 @@ TEST(FlashPlannerTest, MoreThanAWaveSplitsOnlyToFillTheLastWave) {
 
 TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {
   const Batch b = Batch().add(2048, 4096).add(1, 4096, 63);  // q2k_63q1s4k
-  const StepPlan p = plan(b);
+  const WorkList p = plan(b);
   int prefill = 0;
   int decode = 0;
   for (const WorkItem& w : p.items) {
@@ -168,10 +168,10 @@ TEST(FlashPlannerTest, PrefillItemsHoldKPrefillRowsPackedRows) {
   EXPECT_EQ(prefill_tokens_per_item(0), kPrefillRows);
   const int q_len = kPrefillRows - 3;  // one MHA item, several GQA items
   const Batch b = Batch().add(q_len, q_len);
-  const StepPlan mha = plan(b, 8, kH200Sms, 1);
+  const WorkList mha = plan(b, 8, kH200Sms, 1);
   EXPECT_EQ(mha.items.size(), 1u);
   expect_exact_cover(mha, b);
-  const StepPlan gqa = plan(b, 8, kH200Sms, 8);
+  const WorkList gqa = plan(b, 8, kH200Sms, 8);
   const int per_item = kPrefillRows / 8;
   EXPECT_EQ(gqa.items.size(), static_cast<std::size_t>((q_len + per_item - 1) / per_item));
   expect_exact_cover(gqa, b);
@@ -179,7 +179,7 @@ TEST(FlashPlannerTest, PrefillItemsHoldKPrefillRowsPackedRows) {
 
 TEST(FlashPlannerTest, EmptyRequestsAndShortTails) {
   const Batch b = Batch().add(0, 10).add(70, 70).add(3, 5);
-  const StepPlan p = plan(b, 2, 4);
+  const WorkList p = plan(b, 2, 4);
   expect_exact_cover(p, b);
   for (const WorkItem& w : p.items) EXPECT_NE(w.req, 0);
   for (const WorkItem& w : p.items) EXPECT_EQ(w.kv_row_begin, b.query_start_loc[static_cast<std::size_t>(w.req)]);

@@ -13,7 +13,6 @@ namespace pagedattn {
 
 namespace {
 
-constexpr std::string_view kKernelName = "reference_fp64";
 constexpr std::string_view kImplWhere = "REFERENCE impl";
 constexpr std::string_view kForwardWhere = "REFERENCE forward";
 constexpr std::string_view kUpdateWhere = "REFERENCE do_kv_cache_update";
@@ -38,7 +37,7 @@ class ReferenceImpl final : public AttentionImpl {
     const AttentionImplParams& p = params_;
     check_impl_params(kImplWhere, p);
     check_arg(p.device.is_cpu(), kImplWhere, "device", "cpu", p.device);
-    require_supported(backend_.plan_kernel(make_attention_problem(p, 0, nullptr, false, false)),
+    require_supported(backend_.problem_support(make_attention_problem(p, 0, nullptr, false, false)),
                       backend_.name());
   }
 
@@ -74,7 +73,7 @@ ForwardShape ReferenceImpl::check(const LayerQuantState& layer, const TensorView
   const std::vector<DType> output_dtypes = backend_.supported_dtypes();
   const ForwardShape shape = check_forward_args(kForwardWhere, params_, Device::cpu(), layer, query, key, value,
                                                 kv_cache, metadata, output, lse, output_dtypes);
-  require_supported(backend_.plan_kernel(make_attention_problem(params_, shape.block_size, &metadata.common,
+  require_supported(backend_.problem_support(make_attention_problem(params_, shape.block_size, &metadata.common,
                                                                 lse.defined(), shape.per_head_kv_scales)),
                     backend_.name());
   return shape;
@@ -183,25 +182,21 @@ std::vector<CacheDType> ReferenceBackend::supported_kv_cache_dtypes() const {
           CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
 }
 
-KernelPlan ReferenceBackend::plan_kernel(const AttentionProblem& problem) const {
-  KernelPlan plan;
+ProblemSupport ReferenceBackend::problem_support(const AttentionProblem& problem) const {
+  ProblemSupport support;
   if (!supports_dtype(problem.dtype))
-    plan.reasons.push_back(fmt::format("dtype {} not supported", problem.dtype));
+    support.reasons.push_back(fmt::format("dtype {} not supported", problem.dtype));
   if (std::find(std::begin(kCacheStorageDTypes), std::end(kCacheStorageDTypes), problem.kv_storage_dtype) ==
       std::end(kCacheStorageDTypes)) {
-    plan.reasons.push_back(fmt::format("kv cache storage dtype {} not supported", problem.kv_storage_dtype));
+    support.reasons.push_back(fmt::format("kv cache storage dtype {} not supported", problem.kv_storage_dtype));
   }
   if (problem.head_size <= 0)
-    plan.reasons.push_back(fmt::format("head_size {} not supported", problem.head_size));
+    support.reasons.push_back(fmt::format("head_size {} not supported", problem.head_size));
   if (problem.num_heads <= 0 || problem.num_kv_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
-    plan.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
+    support.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
                                        problem.num_heads, problem.num_kv_heads));
   }
-  if (plan.supported()) {
-    plan.kernel = kKernelName;
-    plan.workspace_bytes = 0;
-  }
-  return plan;
+  return support;
 }
 
 std::unique_ptr<AttentionImpl> ReferenceBackend::make_impl(const AttentionImplParams& params) const {

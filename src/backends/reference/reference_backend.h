@@ -39,7 +39,7 @@ class ReferenceBackend : public AttentionBackend {
   bool can_return_lse() const override { return true; }
   bool is_deterministic() const override { return true; }
 
-  KernelPlan plan_kernel(const AttentionProblem& problem) const override;
+  ProblemSupport problem_support(const AttentionProblem& problem) const override;
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override;
   std::unique_ptr<AttentionMetadataBuilder> make_builder(const BuilderParams& params) const override;
 };

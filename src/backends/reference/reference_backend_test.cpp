@@ -96,18 +96,15 @@ TEST(ReferenceBackendTest, PlanKernelAnswersTheThreeQuestions) {
   problem.has_sinks = true;
   problem.has_alibi = true;
   problem.wants_lse = true;
-  const KernelPlan plan = kBackend.plan_kernel(problem);
+  const ProblemSupport plan = kBackend.problem_support(problem);
   EXPECT_TRUE(plan.supported());
-  EXPECT_EQ(plan.kernel, "reference_fp64");
-  EXPECT_EQ(plan.workspace_bytes, 0u);
 
   problem.dtype = DType::I64;
   problem.kv_storage_dtype = DType::U8;
   problem.num_kv_heads = 3;
-  const KernelPlan bad = kBackend.plan_kernel(problem);
+  const ProblemSupport bad = kBackend.problem_support(problem);
   EXPECT_FALSE(bad.supported());
   EXPECT_EQ(bad.reasons.size(), 3u);
-  EXPECT_TRUE(bad.kernel.empty());
 }
 
 AttentionImplParams small_params() {

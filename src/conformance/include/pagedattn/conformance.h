@@ -149,7 +149,7 @@ struct CaseResult {
 
 // Runs one case on `backend`. Unsupported combinations (the backend's
 // validate_configuration reasons, another device type, missing feature flags,
-// a required KV layout, or plan_kernel reasons) are Skipped; an exception from the backend or any
+// a required KV layout, or problem_support reasons) are Skipped; an exception from the backend or any
 // failed check is Failed. Never throws.
 CaseResult run_conformance_case(const AttentionBackend& backend, const ConformanceCase& c,
                                 Device device = Device::cpu());
