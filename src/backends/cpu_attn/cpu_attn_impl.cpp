@@ -5,6 +5,7 @@
 #include <pagedattn/ops.h>
 
 #include "backends/cpu_attn/cpu_attn_metadata.h"
+#include "backends/cpu_attn/cpu_attn_plan.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
 #include "backends/cpu_attn/thread_pool.h"
@@ -159,6 +160,7 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
   if (partial_bytes > 0 && partials.data == nullptr) {
     throw Error(ErrorKind::OutOfMemory, fmt::format("{}: {} bytes of split-KV partials", kWhere, partial_bytes));
   }
+  const cpu_attn::KernelVariant variant = cpu_attn::choose_kernel_variant(p, cpu_attn::active_isa());
   std::atomic<bool> out_of_memory{false};
   cpu_attn::ThreadPool& pool = cpu_attn::ThreadPool::instance();
   pool.run(static_cast<int>(plan.items.size()), [&](int i) {
@@ -167,7 +169,7 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
       out_of_memory.store(true);
       return;
     }
-    cpu_attn::run_work_item(p, plan.items[static_cast<std::size_t>(i)], partials, buffer);
+    cpu_attn::run_work_item(p, variant, plan.items[static_cast<std::size_t>(i)], partials, buffer);
   });
   if (out_of_memory.load()) {
     throw Error(ErrorKind::OutOfMemory, fmt::format("{}: {} bytes of per-thread scratch", kWhere, scratch));

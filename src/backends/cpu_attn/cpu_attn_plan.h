@@ -1,10 +1,13 @@
-// The CPU_ATTN step plan: the work list the metadata builder makes once per
-// step and every layer's forward runs. A pure function of the batch shape:
-// tile sizes and split points are fixed constants, so a request's result never
-// depends on the other requests in the batch or on the thread count (the
-// backend's determinism and batch-invariance claims rest on this).
+// The CPU_ATTN plan. The work list (make_work_plan), which the metadata
+// builder makes once per step and every layer's forward runs: a pure function
+// of the batch shape (tile sizes and split points are fixed constants, so a
+// request's result never depends on the other requests in the batch or on the
+// thread count; the backend's determinism and batch-invariance claims rest on
+// this). And which kernel runs each item (choose_kernel_variant), chosen once
+// per forward call from the layer, the cache and the ISA.
 #pragma once
 
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
 
 #include <cstdint>
@@ -40,5 +43,10 @@ struct WorkPlan {
 // head-major cache; the grouping changes no result, only the order of reads.
 WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
                         int num_kv_heads, bool causal, int min_items);
+
+// The kernels `isa` runs the items of a forward call with: `params` as the
+// kernel will read them (dtypes, head size, K/V source, strides, K packing).
+// Only kernels that `isa` compiles and runs are named.
+KernelVariant choose_kernel_variant(const AttentionParams& params, Isa isa);
 
 }  // namespace pagedattn::cpu_attn

@@ -1,207 +1,24 @@
-// AVX-512 specializations of the CPU_ATTN kernel: the fp32 rowwise decode
-// scores with one joint reduction per four rows, and the AVX512-BF16 prefill
-// and decode paths (vdpbf16ps). Part of cpu_attn_kernel.cpp's per-target body:
-// that file includes this one inside its Highway target namespace once per
-// compiled target (no include guard on purpose) after the element access and
-// tile helpers it uses; only the AVX3 pass compiles anything.
+// The AVX512-BF16 decode tiles (DecodeTiles::kBf16Dot): decodes with bf16
+// queries and bf16 or e4m3 K/V, scores and P V with vdpbf16ps (DotTiles).
+// Highway per-target header; only the AVX3 pass compiles anything.
+#if defined(PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX512_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX512_INL_H_
+#undef PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX512_INL_H_
+#else
+#define PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX512_INL_H_
+#endif
 
+#include <hwy/highway.h>
+
+#include "backends/cpu_attn/kernels/cpu_attn_avx512-inl.h"
+#include "backends/cpu_attn/kernels/cpu_attn_decode_tiles-inl.h"
+#include "backends/cpu_attn/kernels/cpu_attn_exp_avx512.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::cpu_attn::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 #if HWY_TARGET == HWY_AVX3
-// ---- AVX-512 specializations ---------------------------------------------------
-// The AVX512-BF16 path (Isa::Avx512Bf16, prefill tiles with bf16 queries and
-// keys): scores with vdpbf16ps, which multiplies bf16 pairs exactly and
-// accumulates in fp32 (equal to the fp32 path up to summation order), and P V
-// with probabilities rounded to bf16. Compiled with the extra target flag and
-// only called when the CPU has it (cpu_attn_dispatch.cpp).
-#define PAGEDATTN_BF16_TARGET __attribute__((target("avx512bf16")))
 
-// Bf16 elements per 512-bit vector.
-constexpr int kBf16PerVector = 32;
-
-// Sums of four vectors: lane r of the result is the sum of a[r].
-HWY_INLINE __m128 Reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
-  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
-  const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm512_extractf32x8_ps(u, 1));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-// Stores the four row sums into column i of the score tile (rows r0..r0+rb).
-HWY_INLINE void StoreRowScores(const Scratch& sc, int r0, int rb, int i, __m128 sums) {
-  alignas(16) float v[kRowBlock];
-  _mm_store_ps(v, sums);
-  for (int r = 0; r < rb; ++r) sc.s[(r0 + r) * kTileKeys + i] = v[r];
-}
-
-// Rowwise scores with one joint reduction per four rows (fp32 FMA, any KV type;
-// head size a multiple of 16).
-template <DType KV>
-void ScoresRowwiseAvx3(const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* k_rows) {
-  const hn::ScalableTag<float> d;
-  const int lanes = static_cast<int>(hn::Lanes(d));
-  const auto esize = static_cast<int>(dtype_size(KV));
-  for (int i = 0; i < n; ++i) {
-    for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
-      const int rb = std::min(kRowBlock, rows - r0);
-      // Missing rows of a partial block reuse row r0 and are not stored.
-      const float* q[kRowBlock];
-      for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + (r < rb ? r : 0)) * d_size;
-      hn::Vec<decltype(d)> a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-      for (int c = 0; c < d_size; c += lanes) {
-        const auto k = LoadKV<KV>(d, k_rows[i] + c * esize);
-        a0 = hn::MulAdd(hn::Load(d, q[0] + c), k, a0);
-        a1 = hn::MulAdd(hn::Load(d, q[1] + c), k, a1);
-        a2 = hn::MulAdd(hn::Load(d, q[2] + c), k, a2);
-        a3 = hn::MulAdd(hn::Load(d, q[3] + c), k, a3);
-      }
-      StoreRowScores(sc, r0, rb, i, Reduce4(a0.raw, a1.raw, a2.raw, a3.raw));
-    }
-  }
-}
-
-// Copies the bf16 query rows (unscaled) into the scratch as raw bits.
-void LoadQueriesBf16(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, std::uint16_t* q) {
-  const int d_size = p.head_size;
-  for (int r = 0; r < shape.rows; ++r) {
-    const int token = shape.first_token + item.q_begin + r / shape.group;
-    const int head = item.kv_head * shape.group + r % shape.group;
-    const unsigned char* src =
-        element(p.query.data, token * p.query.row_stride + head * p.query.head_stride, DType::BF16);
-    std::memcpy(q + static_cast<std::size_t>(r) * d_size, src, static_cast<std::size_t>(d_size) * sizeof(std::uint16_t));
-  }
-}
-
-constexpr int kFloatsPerVector = 16;
-
-// Transposed bf16 dot-product scores (prefills): the K tile is packed as bf16
-// pairs [D / 2, kTileKeys] so one broadcast query pair meets 16 keys.
-constexpr int kDotRowBlock = 8;     // 8 rows x 2 key vectors = 16 accumulators
-constexpr int kDotKeyVectors = 2;   // key vectors per pass over the head dimension
-constexpr int kDotPassKeys = kDotKeyVectors * kFloatsPerVector;
-static_assert(kTileKeys % kDotPassKeys == 0, "score passes tile the key tile");
-PAGEDATTN_BF16_TARGET void ScoresTransposedBf16(const Scratch& sc, int rows, int d_size, int n,
-                                                const unsigned char* const* k_rows, float scale) {
-  const int pairs = d_size / 2;
-  auto* kt = reinterpret_cast<std::uint32_t*>(sc.kt);
-  for (int i = 0; i < kTileKeys; ++i) {
-    if (i < n) {
-      const auto* row = reinterpret_cast<const std::uint32_t*>(k_rows[i]);
-      for (int e = 0; e < pairs; ++e) kt[e * kTileKeys + i] = row[e];
-    } else {
-      for (int e = 0; e < pairs; ++e) kt[e * kTileKeys + i] = 0;
-    }
-  }
-  const auto* q32 = reinterpret_cast<const std::uint32_t*>(sc.q);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int r0 = 0; r0 < rows; r0 += kDotRowBlock) {
-    const int rb = std::min(kDotRowBlock, rows - r0);
-    const std::uint32_t* q[kDotRowBlock];
-    for (int r = 0; r < kDotRowBlock; ++r) q[r] = q32 + (r0 + (r < rb ? r : 0)) * pairs;
-    for (int i0 = 0; i0 < kTileKeys; i0 += kDotPassKeys) {
-      __m512 acc[kDotRowBlock][kDotKeyVectors];
-      for (int r = 0; r < kDotRowBlock; ++r) {
-        for (int v = 0; v < kDotKeyVectors; ++v) acc[r][v] = _mm512_setzero_ps();
-      }
-      for (int e = 0; e < pairs; ++e) {
-        __m512bh k[kDotKeyVectors];
-        for (int v = 0; v < kDotKeyVectors; ++v)
-          k[v] = (__m512bh)_mm512_load_si512(kt + e * kTileKeys + i0 + v * kFloatsPerVector);
-        for (int r = 0; r < kDotRowBlock; ++r) {
-          const __m512bh qv = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r][e]));
-          for (int v = 0; v < kDotKeyVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], qv, k[v]);
-        }
-      }
-      for (int r = 0; r < rb; ++r) {
-        float* out = sc.s + (r0 + r) * kTileKeys + i0;
-        for (int v = 0; v < kDotKeyVectors; ++v)
-          _mm512_store_ps(out + v * kFloatsPerVector, _mm512_mul_ps(acc[r][v], vscale));
-      }
-    }
-  }
-}
-
-// vpermt2w indices that interleave words 0-15 of two vectors a, b into
-// (a[i], b[i]) pairs; plus 16, words 16-31.
-HWY_INLINE __m512i KeyPairIndex() {
-  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
-                          36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-}
-
-// P V with vdpbf16ps for a bf16 V tile (prefills): V is packed as bf16 pairs
-// of consecutive keys [kTileKeys / 2, D] and each row's probabilities are
-// rounded to bf16 pairs, as FlashAttention does; half the instructions of the
-// fp32 loop. Rows in pairs x kPvVectors vectors (16 accumulators); d_size a
-// multiple of kPvVectors * 16.
-constexpr int kPvVectors = 8;
-// A row's probabilities as bf16 pairs overwrite the first half of its own row
-// of the score tile: their size follows the rows, as the score tile's does
-// (the [D, kTileKeys] K tile buffer holds only 2 D rows of them).
-HWY_INLINE std::uint32_t* ProbPairsRow(const Scratch& sc, int r) {
-  return reinterpret_cast<std::uint32_t*>(sc.s + static_cast<std::size_t>(r) * kTileKeys);
-}
-PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_size, int n,
-                                            const unsigned char* const* v_rows) {
-  // Pack: pair j holds keys 2j and 2j + 1 (a missing key reads as zero).
-  auto* vp = reinterpret_cast<std::uint16_t*>(sc.vf);  // [kTileKeys / 2, D, 2]
-  const __m512i lo_idx = KeyPairIndex();
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(kFloatsPerVector));
-  const int pairs = (n + 1) / 2;
-  for (int j = 0; j < pairs; ++j) {
-    const unsigned char* a = v_rows[2 * j];
-    const bool has_b = 2 * j + 1 < n;
-    for (int c = 0; c < d_size; c += kBf16PerVector) {
-      const __m512i va = _mm512_loadu_si512(a + c * sizeof(std::uint16_t));
-      const __m512i vb = has_b ? _mm512_loadu_si512(v_rows[2 * j + 1] + c * sizeof(std::uint16_t)) : _mm512_setzero_si512();
-      std::uint16_t* dst = vp + (static_cast<std::size_t>(j) * d_size + c) * 2;
-      _mm512_store_si512(dst, _mm512_permutex2var_epi16(va, lo_idx, vb));
-      _mm512_store_si512(dst + kBf16PerVector, _mm512_permutex2var_epi16(va, hi_idx, vb));
-    }
-  }
-  // Probabilities as bf16 pairs, in place: each store lands on floats its
-  // loads (this step's or an earlier one's) already read.
-  for (int r = 0; r < rows; ++r) {
-    const float* prob = sc.s + r * kTileKeys;
-    std::uint32_t* pairs_row = ProbPairsRow(sc, r);
-    for (int i = 0; i < kTileKeys; i += 2 * kFloatsPerVector) {
-      const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + i + kFloatsPerVector), _mm512_load_ps(prob + i));
-      _mm512_store_si512(pairs_row + i / 2, (__m512i)packed);
-    }
-  }
-  for (int r0 = 0; r0 < rows; r0 += 2) {
-    const int r1 = std::min(r0 + 1, rows - 1);  // an odd last row is computed twice, stored once
-    float* a0 = sc.acc + r0 * d_size;
-    float* a1 = sc.acc + r1 * d_size;
-    const std::uint32_t* p0 = ProbPairsRow(sc, r0);
-    const std::uint32_t* p1 = ProbPairsRow(sc, r1);
-    const __m512 alpha0 = _mm512_set1_ps(sc.alpha[r0]);
-    const __m512 alpha1 = _mm512_set1_ps(sc.alpha[r1]);
-    for (int c0 = 0; c0 < d_size; c0 += kPvVectors * kFloatsPerVector) {
-      __m512 acc0[kPvVectors];
-      __m512 acc1[kPvVectors];
-      for (int v = 0; v < kPvVectors; ++v) {
-        acc0[v] = _mm512_mul_ps(_mm512_load_ps(a0 + c0 + v * kFloatsPerVector), alpha0);
-        acc1[v] = _mm512_mul_ps(_mm512_load_ps(a1 + c0 + v * kFloatsPerVector), alpha1);
-      }
-      for (int j = 0; j < pairs; ++j) {
-        const __m512bh b0 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p0[j]));
-        const __m512bh b1 = (__m512bh)_mm512_set1_epi32(static_cast<int>(p1[j]));
-        const std::uint16_t* vrow = vp + (static_cast<std::size_t>(j) * d_size + c0) * 2;
-        for (int v = 0; v < kPvVectors; ++v) {
-          const __m512bh x = (__m512bh)_mm512_load_si512(vrow + v * kBf16PerVector);
-          acc0[v] = _mm512_dpbf16_ps(acc0[v], b0, x);
-          acc1[v] = _mm512_dpbf16_ps(acc1[v], b1, x);
-        }
-      }
-      for (int v = 0; v < kPvVectors; ++v) {
-        _mm512_store_ps(a0 + c0 + v * kFloatsPerVector, acc0[v]);
-        if (r1 != r0) _mm512_store_ps(a1 + c0 + v * kFloatsPerVector, acc1[v]);
-      }
-    }
-  }
-}
-
-// ---- AVX512-BF16 decode path ---------------------------------------------------
 // Decodes (few rows) with bf16 queries and bf16 or e4m3 K/V: scores and P V
 // with vdpbf16ps, so one instruction does 32 multiply-adds where the fp32
 // rowwise loop did 16 plus a widening of K/V (docs/perf.md, attempt 13). e4m3
@@ -214,9 +31,6 @@ PAGEDATTN_BF16_TARGET void AccumulatePvBf16(const Scratch& sc, int rows, int d_s
 // P V accumulators follow (e4m3_key_slot_dim, pv_slot_dim).
 #define PAGEDATTN_DECODE_TARGET __attribute__((target("avx512bf16,avx512vbmi")))
 
-// The K/V types the path reads.
-template <DType KV>
-constexpr bool kDecodeDotKV = KV == DType::BF16 || KV == DType::FP8_E4M3;
 
 // K/V values one decode step converts: one 64-byte e4m3 load, two bf16 vectors.
 constexpr int kDecodeChunk = kDecodeDotChunk;
@@ -230,7 +44,7 @@ constexpr int kBf16MantissaBits = 7;
 constexpr int kE4M3SubnormalBf16Exponent = 110;
 
 // Bf16 bits of (e4m3 magnitude x) / kE4M3HalfRescale: the same 2^-8 offset as
-// LoadKV's half reading, so every path of an item and the merge share one
+// load_kv's half reading, so every path of an item and the merge share one
 // rescale. Exact (e4m3 has 3 mantissa bits); the NaN code stays NaN.
 constexpr std::uint16_t e4m3_magnitude_bf16(int x) {
   constexpr int kE4M3MantissaBits = 3;
@@ -267,7 +81,7 @@ struct E4M3Regs {
   __m512i hi0, hi1, lo0, lo1, sign;
 };
 
-PAGEDATTN_DECODE_TARGET HWY_INLINE E4M3Regs LoadE4M3Regs() {
+PAGEDATTN_DECODE_TARGET HWY_INLINE E4M3Regs load_e4m3_regs() {
   constexpr int kSignBit = 0x80;
   constexpr int kSecondHalf = kE4M3Magnitudes / 2;
   return E4M3Regs{_mm512_load_si512(kE4M3Tables.hi), _mm512_load_si512(kE4M3Tables.hi + kSecondHalf),
@@ -276,7 +90,7 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE E4M3Regs LoadE4M3Regs() {
 }
 
 // The bf16 low and high bytes of 64 e4m3 values x, byte for byte.
-PAGEDATTN_DECODE_TARGET HWY_INLINE void E4M3Bf16Bytes(__m512i x, const E4M3Regs& t, __m512i& lo,
+PAGEDATTN_DECODE_TARGET HWY_INLINE void e4m3_bf16_bytes(__m512i x, const E4M3Regs& t, __m512i& lo,
                                                       __m512i& hi) {
   constexpr int kHiOrSign = 0xF8;  // ternary logic: A | (B & C)
   // The tables index with bits 0-6 (vpermi2b ignores bit 7); the sign bit is copied over.
@@ -290,7 +104,7 @@ constexpr int kBytesPerLane = 16;
 constexpr int kBf16PerLane = 8;
 constexpr int kFloatsPerLane = 4;
 
-// Head dimensions of one kDecodeChunk chunk of a K row as LoadKeyChunkBf16
+// Head dimensions of one kDecodeChunk chunk of a K row as load_key_chunk_bf16
 // returns it: slot s (0-31 in out0, 32-63 in out1) holds dimension
 // e4m3_key_slot_dim(s) for e4m3 keys (vpunpck{l,h}bw pair each 128-bit lane's
 // first / last 8 bytes), dimension s for bf16 ones.
@@ -302,7 +116,7 @@ constexpr int e4m3_key_slot_dim(int s) {
 
 // kDecodeChunk values of a K row as bf16 (two vectors), in slot order.
 template <DType KV>
-PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadKeyChunkBf16(const unsigned char* p, const E4M3Regs& t,
+PAGEDATTN_DECODE_TARGET HWY_INLINE void load_key_chunk_bf16(const unsigned char* p, const E4M3Regs& t,
                                                          __m512i& out0, __m512i& out1) {
   if constexpr (KV == DType::BF16) {
     static_cast<void>(t);
@@ -311,7 +125,7 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void LoadKeyChunkBf16(const unsigned char* p,
   } else {
     static_assert(KV == DType::FP8_E4M3, "decode dot path: bf16 or e4m3 K/V");
     __m512i lo, hi;
-    E4M3Bf16Bytes(_mm512_loadu_si512(p), t, lo, hi);
+    e4m3_bf16_bytes(_mm512_loadu_si512(p), t, lo, hi);
     out0 = _mm512_unpacklo_epi8(lo, hi);
     out1 = _mm512_unpackhi_epi8(lo, hi);
   }
@@ -329,11 +143,11 @@ constexpr bool key_slots_are_lane_moves() {
   }
   return true;
 }
-static_assert(key_slots_are_lane_moves(), "QueriesToKeySlotOrder's shuffles follow e4m3_key_slot_dim");
+static_assert(key_slots_are_lane_moves(), "queries_to_key_slot_order's shuffles follow e4m3_key_slot_dim");
 
 // Puts each bf16 query row of q [rows, d_size] into the key slot order of KV.
 template <DType KV>
-PAGEDATTN_DECODE_TARGET void QueriesToKeySlotOrder(std::uint16_t* q, int rows, int d_size) {
+PAGEDATTN_DECODE_TARGET void queries_to_key_slot_order(std::uint16_t* q, int rows, int d_size) {
   if constexpr (KV == DType::FP8_E4M3) {
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < d_size; c += kDecodeChunk) {
@@ -377,12 +191,12 @@ constexpr bool pv_slots_are_lane_transpose() {
   }
   return true;
 }
-static_assert(pv_slots_are_lane_transpose(), "AccToHeadOrder's transposition follows pv_slot_dim");
+static_assert(pv_slots_are_lane_transpose(), "acc_to_head_order's transposition follows pv_slot_dim");
 
 // Puts each accumulator row of acc [rows, d_size] from slot order back into
 // head order.
 template <DType KV>
-PAGEDATTN_DECODE_TARGET void AccToHeadOrder(float* acc, int rows, int d_size) {
+PAGEDATTN_DECODE_TARGET void acc_to_head_order(float* acc, int rows, int d_size) {
   static_assert(kDecodeChunk == kLanesPerVector * kFloatsPerVector, "a chunk is four float vectors");
   if constexpr (KV == DType::FP8_E4M3) {
     constexpr int kLo = _MM_SHUFFLE(1, 0, 1, 0);
@@ -413,7 +227,7 @@ PAGEDATTN_DECODE_TARGET void AccToHeadOrder(float* acc, int rows, int d_size) {
 // chunk as vectors of bf16 key pairs, in slot order (pv_slot_dim).
 constexpr int kPairVectors = kDecodeChunk / kFloatsPerVector;
 template <DType KV, bool kSecondKey>
-PAGEDATTN_DECODE_TARGET HWY_INLINE void PairValueChunk(const unsigned char* a, const unsigned char* b,
+PAGEDATTN_DECODE_TARGET HWY_INLINE void pair_value_chunk(const unsigned char* a, const unsigned char* b,
                                                        const E4M3Regs& t, __m512i x[kPairVectors]) {
   if constexpr (KV == DType::BF16) {
     static_cast<void>(t);
@@ -422,7 +236,7 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void PairValueChunk(const unsigned char* a, c
     const __m512i b0 = kSecondKey ? _mm512_loadu_si512(b) : _mm512_setzero_si512();
     const __m512i b1 =
         kSecondKey ? _mm512_loadu_si512(b + kBf16PerVector * sizeof(std::uint16_t)) : _mm512_setzero_si512();
-    const __m512i lo = KeyPairIndex();
+    const __m512i lo = key_pair_index();
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(kFloatsPerVector));
     x[0] = _mm512_permutex2var_epi16(a0, lo, b0);
     x[1] = _mm512_permutex2var_epi16(a0, hi, b0);
@@ -434,8 +248,8 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void PairValueChunk(const unsigned char* a, c
     const __m512i va = _mm512_loadu_si512(a);
     const __m512i vb = kSecondKey ? _mm512_loadu_si512(b) : _mm512_setzero_si512();
     __m512i lo0, hi0, lo1, hi1;
-    E4M3Bf16Bytes(_mm512_unpacklo_epi8(va, vb), t, lo0, hi0);
-    E4M3Bf16Bytes(_mm512_unpackhi_epi8(va, vb), t, lo1, hi1);
+    e4m3_bf16_bytes(_mm512_unpacklo_epi8(va, vb), t, lo0, hi0);
+    e4m3_bf16_bytes(_mm512_unpackhi_epi8(va, vb), t, lo1, hi1);
     x[0] = _mm512_unpacklo_epi8(lo0, hi0);
     x[1] = _mm512_unpackhi_epi8(lo0, hi0);
     x[2] = _mm512_unpacklo_epi8(lo1, hi1);
@@ -450,7 +264,7 @@ constexpr int kDecodeKeyBlock = 4;
 
 // Lane sums of a[0..3], partly folded: 128-bit lane l of the result holds
 // partial sums of each a[r] in element r; the four lanes still add up.
-HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+HWY_INLINE __m512 fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
   const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
   return _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
@@ -462,26 +276,26 @@ HWY_INLINE __m512 Fold4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // partial block repeat its first row). The softmax works on these vectors
 // whole: each lane knows its row and key, so masks, row maxima and row sums
 // need no pass per row.
-static_assert(kRowBlock == kScoreRowBlock && kRowBlock * kDecodeKeyBlock == kFloatsPerVector,
+static_assert(kRowBlock == kRowBlock && kRowBlock * kDecodeKeyBlock == kFloatsPerVector,
               "a score step's sums fill one vector");
 constexpr int kDecodeSteps = kTileKeys / kDecodeKeyBlock;
 // The step of keys [i0, i0 + kDecodeKeyBlock) of the block of row r0 in
 // sc.s: [rows / kRowBlock, kDecodeSteps, kRowBlock, kDecodeKeyBlock].
-HWY_INLINE float* DecodeScoreStep(const Scratch& sc, int r0, int i0) {
+HWY_INLINE float* decode_score_step(const Scratch& sc, int r0, int i0) {
   return sc.s + r0 * kTileKeys + i0 * kRowBlock;
 }
 
 // S = (Q K^T) * scale for a decode tile, four rows x four keys per step, in
-// the layout above. Q holds the bf16 query rows (LoadQueriesBf16) in key slot
-// order (QueriesToKeySlotOrder). Score columns past n get duplicates of a real
-// key's scores; SoftmaxDecode masks them. The first row block's steps prefetch
+// the layout above. Q holds the bf16 query rows (load_queries_bf16) in key slot
+// order (queries_to_key_slot_order). Score columns past n get duplicates of a real
+// key's scores; softmax_decode masks them. The first row block's steps prefetch
 // the tile ahead, a few keys per step.
 template <DType KV>
-PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
+PAGEDATTN_DECODE_TARGET void scores_decode_bf16(const Scratch& sc, int rows, int d_size, int n,
                                               const unsigned char* const* k_rows, float scale,
                                               const TilePrefetch& ahead) {
   static_assert(kTileKeys % kDecodeKeyBlock == 0, "key steps tile the score row");
-  const E4M3Regs t = LoadE4M3Regs();
+  const E4M3Regs t = load_e4m3_regs();
   const auto* q16 = reinterpret_cast<const std::uint16_t*>(sc.q);
   const auto esize = static_cast<int>(dtype_size(KV));
   const __m512 vscale = _mm512_set1_ps(scale);
@@ -506,7 +320,7 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
         }
         for (int j = 0; j < kDecodeKeyBlock; ++j) {
           __m512i k0, k1;
-          LoadKeyChunkBf16<KV>(k[j] + c * esize, t, k0, k1);
+          load_key_chunk_bf16<KV>(k[j] + c * esize, t, k0, k1);
           for (int r = 0; r < kRowBlock; ++r) {
             acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][0], (__m512bh)k0);
             acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qv[r][1], (__m512bh)k1);
@@ -515,7 +329,7 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
       }
       // Row r's four key sums, folded to 128-bit lanes, then lane r of `sums`.
       __m512 f[kRowBlock];
-      for (int r = 0; r < kRowBlock; ++r) f[r] = Fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      for (int r = 0; r < kRowBlock; ++r) f[r] = fold4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
       const __m512 f01 = _mm512_add_ps(_mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(1, 0, 1, 0)),
                                        _mm512_shuffle_f32x4(f[0], f[1], _MM_SHUFFLE(3, 2, 3, 2)));
       const __m512 f23 = _mm512_add_ps(_mm512_shuffle_f32x4(f[2], f[3], _MM_SHUFFLE(1, 0, 1, 0)),
@@ -523,12 +337,12 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodeBf16(const Scratch& sc, int rows, int d
       const __m512 sums = _mm512_mul_ps(_mm512_add_ps(_mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(2, 0, 2, 0)),
                                                       _mm512_shuffle_f32x4(f01, f23, _MM_SHUFFLE(3, 1, 3, 1))),
                                         vscale);
-      _mm512_store_ps(DecodeScoreStep(sc, r0, i0), sums);
+      _mm512_store_ps(decode_score_step(sc, r0, i0), sums);
     }
   }
 }
 
-// Keys16-packed e4m3 K groups per pass of ScoresDecodePackedE4M3: each query
+// Keys16-packed e4m3 K groups per pass of scores_decode_packed_e4m3: each query
 // pair is broadcast once for both (docs/perf.md, attempt 56).
 constexpr int kPackedPassGroups = 2;
 // Dimension quads between two prefetch calls of that pass.
@@ -538,14 +352,14 @@ static_assert(kPackedKeyGroup == kFloatsPerVector && kPackedKeysPerLane == kDeco
               "a group's scores are one vector per row, a lane of it one score step");
 
 // Scores of groups[0 .. kGroups) (keys key0 .. key0 + 16 kGroups of the tile)
-// for the row block at r0, stored as DecodeScoreStep lays them out. Each
+// for the row block at r0, stored as decode_score_step lays them out. Each
 // quad's two unpacks leave 16 keys x one dimension pair per vector, so every
 // row accumulates one vector per group and no lanes are reduced; a 4 x 4
 // transposition of 128-bit lanes then gives the score steps. The pass
 // prefetches the tile ahead's keys in proportion to its quads (rounded up:
 // a few keys of the next pass may go twice).
 template <int kGroups>
-PAGEDATTN_DECODE_TARGET HWY_INLINE void ScoresPackedGroups(const Scratch& sc, int r0, const std::uint32_t* const* q,
+PAGEDATTN_DECODE_TARGET HWY_INLINE void scores_packed_groups(const Scratch& sc, int r0, const std::uint32_t* const* q,
                                                            int quads, int key0, const unsigned char* const* groups,
                                                            __m512 vscale, const E4M3Regs& t,
                                                            const TilePrefetch* ahead) {
@@ -562,7 +376,7 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void ScoresPackedGroups(const Scratch& sc, in
     __m512i pair0[kGroups], pair1[kGroups];  // dimensions (4g, 4g + 1) and (4g + 2, 4g + 3)
     for (int u = 0; u < kGroups; ++u) {
       __m512i lo, hi;
-      E4M3Bf16Bytes(_mm512_loadu_si512(groups[u] + g * kPackedGroupElements), t, lo, hi);
+      e4m3_bf16_bytes(_mm512_loadu_si512(groups[u] + g * kPackedGroupElements), t, lo, hi);
       pair0[u] = _mm512_unpacklo_epi8(lo, hi);
       pair1[u] = _mm512_unpackhi_epi8(lo, hi);
     }
@@ -588,22 +402,22 @@ PAGEDATTN_DECODE_TARGET HWY_INLINE void ScoresPackedGroups(const Scratch& sc, in
     const __m512 t2 = _mm512_shuffle_f32x4(s[0], s[1], kHi);
     const __m512 t3 = _mm512_shuffle_f32x4(s[2], s[3], kHi);
     const int first = key0 + u * kPackedKeyGroup;
-    _mm512_store_ps(DecodeScoreStep(sc, r0, first), _mm512_shuffle_f32x4(t0, t1, kEven));
-    _mm512_store_ps(DecodeScoreStep(sc, r0, first + kDecodeKeyBlock), _mm512_shuffle_f32x4(t0, t1, kOdd));
-    _mm512_store_ps(DecodeScoreStep(sc, r0, first + 2 * kDecodeKeyBlock), _mm512_shuffle_f32x4(t2, t3, kEven));
-    _mm512_store_ps(DecodeScoreStep(sc, r0, first + 3 * kDecodeKeyBlock), _mm512_shuffle_f32x4(t2, t3, kOdd));
+    _mm512_store_ps(decode_score_step(sc, r0, first), _mm512_shuffle_f32x4(t0, t1, kEven));
+    _mm512_store_ps(decode_score_step(sc, r0, first + kDecodeKeyBlock), _mm512_shuffle_f32x4(t0, t1, kOdd));
+    _mm512_store_ps(decode_score_step(sc, r0, first + 2 * kDecodeKeyBlock), _mm512_shuffle_f32x4(t2, t3, kEven));
+    _mm512_store_ps(decode_score_step(sc, r0, first + 3 * kDecodeKeyBlock), _mm512_shuffle_f32x4(t2, t3, kOdd));
   }
 }
 
 // S = (Q K^T) * scale for a decode tile of n keys whose first key starts a
 // Keys16 group of an e4m3 cache (k_rows[16 j] is group j's first element), in
-// the layout of ScoresDecodeBf16. Q holds the bf16 query rows in head order.
+// the layout of scores_decode_bf16. Q holds the bf16 query rows in head order.
 // A partial last group's missing keys get the scores of whatever their slots
-// hold (inside the block), which SoftmaxDecode masks.
-PAGEDATTN_DECODE_TARGET void ScoresDecodePackedE4M3(const Scratch& sc, int rows, int d_size, int n,
+// hold (inside the block), which softmax_decode masks.
+PAGEDATTN_DECODE_TARGET void scores_decode_packed_e4m3(const Scratch& sc, int rows, int d_size, int n,
                                                     const unsigned char* const* k_rows, float scale,
                                                     const TilePrefetch& ahead) {
-  const E4M3Regs t = LoadE4M3Regs();
+  const E4M3Regs t = load_e4m3_regs();
   const auto* q32 = reinterpret_cast<const std::uint32_t*>(sc.q);
   const int pairs = d_size / 2;
   const int quads = d_size / kPackedDimGroup;
@@ -619,40 +433,40 @@ PAGEDATTN_DECODE_TARGET void ScoresDecodePackedE4M3(const Scratch& sc, int rows,
     for (; j + kPackedPassGroups <= groups; j += kPackedPassGroups) {
       const unsigned char* pass[kPackedPassGroups];
       for (int u = 0; u < kPackedPassGroups; ++u) pass[u] = k_rows[(j + u) * kPackedKeyGroup];
-      ScoresPackedGroups<kPackedPassGroups>(sc, r0, q, quads, j * kPackedKeyGroup, pass, vscale, t, pass_ahead);
+      scores_packed_groups<kPackedPassGroups>(sc, r0, q, quads, j * kPackedKeyGroup, pass, vscale, t, pass_ahead);
     }
     if (j < groups) {
       const unsigned char* last = k_rows[j * kPackedKeyGroup];
-      ScoresPackedGroups<1>(sc, r0, q, quads, j * kPackedKeyGroup, &last, vscale, t, pass_ahead);
+      scores_packed_groups<1>(sc, r0, q, quads, j * kPackedKeyGroup, &last, vscale, t, pass_ahead);
     }
   }
 }
 
 // Vector lane i holds x[i / kDecodeKeyBlock] (x: one value per row of a block).
-HWY_INLINE __m512 RowLanes(__m128 x) {
+HWY_INLINE __m512 row_lanes(__m128 x) {
   const __m512i row_of_lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   return _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(x));
 }
-HWY_INLINE __m512i RowLanes(__m128i x) { return _mm512_castps_si512(RowLanes(_mm_castsi128_ps(x))); }
+HWY_INLINE __m512i row_lanes(__m128i x) { return _mm512_castps_si512(row_lanes(_mm_castsi128_ps(x))); }
 
 // Lane r of the result: the value of row r (its first lane) in x.
-HWY_INLINE __m128 RowValues(__m512 x) {
+HWY_INLINE __m128 row_values(__m512 x) {
   const __m512i first_lane_of_row = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_lane_of_row, x));
 }
 
 // Max and sum of each 128-bit lane (one row's four keys), in all its elements.
-HWY_INLINE __m512 RowMax(__m512 x) {
+HWY_INLINE __m512 row_max(__m512 x) {
   x = _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
   return _mm512_max_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
 }
-HWY_INLINE __m512 RowSum(__m512 x) {
+HWY_INLINE __m512 row_sum(__m512 x) {
   x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
   return _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
 }
 
 // Lane masks of whole rows: every lane of a row whose lanes have any bit set.
-HWY_INLINE __mmask16 WholeRows(__mmask16 lanes) {
+HWY_INLINE __mmask16 whole_rows(__mmask16 lanes) {
   constexpr unsigned kFirstLanes = 0x1111;  // lane 0 of each row
   constexpr unsigned kRowLanes = 0xF;
   unsigned m = lanes;
@@ -662,30 +476,30 @@ HWY_INLINE __mmask16 WholeRows(__mmask16 lanes) {
 }
 
 // The probabilities of one row block as bf16 pairs of keys (2j, 2j + 1): dword
-// DecodeProbIndex(j) + 2r holds row r's pair j (the order vcvtne2ps2bf16 gives
+// decode_prob_index(j) + 2r holds row r's pair j (the order vcvtne2ps2bf16 gives
 // two score-step vectors).
 constexpr int kProbBlockDwords = kRowBlock * kTileKeys / 2;
 // In the [D, kTileKeys] K tile buffer, which holds them: decode tiles have
 // fewer than kTransposeMinRows rows and head sizes multiples of kDecodeChunk.
 static_assert((kTransposeMinRows + kRowBlock - 1) / kRowBlock * kProbBlockDwords <= kDecodeChunk * kTileKeys,
               "a decode tile's probability blocks fit the K tile buffer");
-HWY_INLINE std::uint32_t* DecodeProbBlock(const Scratch& sc, int r0) {
+HWY_INLINE std::uint32_t* decode_prob_block(const Scratch& sc, int r0) {
   return reinterpret_cast<std::uint32_t*>(sc.kt) + r0 / kRowBlock * kProbBlockDwords;
 }
-HWY_INLINE int DecodeProbIndex(int j) {
+HWY_INLINE int decode_prob_index(int j) {
   constexpr int kStepsPerVector = 2;
   constexpr int kPairsPerVector = kStepsPerVector * kDecodeKeyBlock / 2;
   constexpr int kDwordsPerStep = kFloatsPerVector / 2;
   return j / kPairsPerVector * kFloatsPerVector + j / 2 % 2 * kDwordsPerStep + j % 2;
 }
 
-// Soft cap, ALiBi and masks on a decode tile's scores (DecodeScoreStep's
+// Soft cap, ALiBi and masks on a decode tile's scores (decode_score_step's
 // layout), then the online-softmax update of each row block: P = exp(S - m_new)
-// as bf16 pairs (DecodeProbBlock), l sums the unrounded P, alpha = exp(m_old -
+// as bf16 pairs (decode_prob_block), l sums the unrounded P, alpha = exp(m_old -
 // m_new). The same semantics as softmax_tile: a NaN visible score makes the
 // row's alpha NaN; a row that sees no key of the tile keeps its state
 // (alpha 1, or 0 while it has seen no key, its accumulator then being zero).
-PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scratch& sc, int rows, int t0,
+PAGEDATTN_DECODE_TARGET void softmax_decode(const AttentionParams& p, const Scratch& sc, int rows, int t0,
                                            int n) {
   using D = hn::ScalableTag<float>;
   const D d;
@@ -709,7 +523,7 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
       position[r] = info.position;
       whole = whole && sees_whole_tile(info, t0, n);
     }
-    float* scores = DecodeScoreStep(sc, r0, 0);
+    float* scores = decode_score_step(sc, r0, 0);
     __m512 sv[kDecodeSteps];
     __m512 vmax = minus_inf;
     auto nan = hn::FirstN(d, 0);  // lanes with a visible NaN score
@@ -723,10 +537,10 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
       const auto load_i32 = [](const std::int32_t* x) {
         return _mm_load_si128(reinterpret_cast<const __m128i*>(x));
       };
-      const LaneRows<D> lane_rows{{RowLanes(load_i32(lo_minus_one))},
-                                  {RowLanes(load_i32(hi))},
-                                  {RowLanes(_mm_load_ps(slope))},
-                                  {RowLanes(_mm_load_ps(position))}};
+      const LaneRows<D> lane_rows{{row_lanes(load_i32(lo_minus_one))},
+                                  {row_lanes(load_i32(hi))},
+                                  {row_lanes(_mm_load_ps(slope))},
+                                  {row_lanes(_mm_load_ps(position))}};
       for (int i = 0; i < kDecodeSteps; ++i) {
         const auto key =
             hn::Add(hn::Vec512<std::int32_t>{key_of_lane}, hn::Set(di, t0 + i * kDecodeKeyBlock));
@@ -735,8 +549,8 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
         vmax = _mm512_max_ps(vmax, sv[i]);
       }
     }
-    const __m512 m_old = RowLanes(_mm_maskz_loadu_ps(real_rows, sc.m + r0));
-    const __m512 m_new = _mm512_max_ps(RowMax(vmax), m_old);
+    const __m512 m_old = row_lanes(_mm_maskz_loadu_ps(real_rows, sc.m + r0));
+    const __m512 m_new = _mm512_max_ps(row_max(vmax), m_old);
     __m512 vsum = _mm512_setzero_ps();
     for (int i = 0; i < kDecodeSteps; ++i) {
       sv[i] = exp_avx512(_mm512_sub_ps(sv[i], m_new));  // exp(-inf) = 0 for masked keys
@@ -745,14 +559,14 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
     // exp_avx512 gives 0 for a NaN argument, so a NaN score has P = 0 (and
     // exp(-inf - -inf) is 0): a NaN alpha makes the row's accumulator and
     // sum NaN instead, as the oracle's are.
-    const __m512 alpha = _mm512_mask_mov_ps(exp_avx512(_mm512_sub_ps(m_old, m_new)), WholeRows(nan.raw),
+    const __m512 alpha = _mm512_mask_mov_ps(exp_avx512(_mm512_sub_ps(m_old, m_new)), whole_rows(nan.raw),
                                             _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
-    const __m512 l_old = RowLanes(_mm_maskz_loadu_ps(real_rows, sc.l + r0));
-    const __m512 l_new = _mm512_add_ps(_mm512_mul_ps(l_old, alpha), RowSum(vsum));
-    _mm_mask_storeu_ps(sc.m + r0, real_rows, RowValues(m_new));
-    _mm_mask_storeu_ps(sc.l + r0, real_rows, RowValues(l_new));
-    _mm_mask_storeu_ps(sc.alpha + r0, real_rows, RowValues(alpha));
-    std::uint32_t* prob = DecodeProbBlock(sc, r0);
+    const __m512 l_old = row_lanes(_mm_maskz_loadu_ps(real_rows, sc.l + r0));
+    const __m512 l_new = _mm512_add_ps(_mm512_mul_ps(l_old, alpha), row_sum(vsum));
+    _mm_mask_storeu_ps(sc.m + r0, real_rows, row_values(m_new));
+    _mm_mask_storeu_ps(sc.l + r0, real_rows, row_values(l_new));
+    _mm_mask_storeu_ps(sc.alpha + r0, real_rows, row_values(alpha));
+    std::uint32_t* prob = decode_prob_block(sc, r0);
     for (int i = 0; i < kDecodeSteps; i += 2) {
       const __m512bh packed = _mm512_cvtne2ps_pbh(sv[i + 1], sv[i]);
       _mm512_store_si512(prob + i / 2 * kFloatsPerVector, (__m512i)packed);
@@ -762,22 +576,22 @@ PAGEDATTN_DECODE_TARGET void SoftmaxDecode(const AttentionParams& p, const Scrat
 
 // acc = alpha * acc + P V for a decode tile, acc in slot order (pv_slot_dim):
 // V rows interleaved in key pairs as they are read, probabilities as bf16
-// pairs (SoftmaxDecode; as the prefill path, AccumulatePvBf16). Four rows x four vectors
+// pairs (softmax_decode; as the prefill path, accumulate_pv_bf16). Four rows x four vectors
 // (16 accumulators) per pass over kDecodeChunk columns. The first row block's
 // passes prefetch the `far` unit's K and V into L2, the columns and keys each
 // pass reads.
 template <DType KV>
-PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows, int d_size, int n,
+PAGEDATTN_DECODE_TARGET void accumulate_pv_decode_bf16(const Scratch& sc, int rows, int d_size, int n,
                                                     const unsigned char* const* v_rows,
                                                     const TilePrefetch& far) {
   constexpr int kVectors = kPairVectors;
-  const E4M3Regs t = LoadE4M3Regs();
+  const E4M3Regs t = load_e4m3_regs();
   const auto esize = static_cast<int>(dtype_size(KV));
   constexpr int kChunkLines = kDecodeChunk * static_cast<int>(dtype_size(KV)) / kCacheLine;
   const int whole_pairs = n / 2;
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int rb = std::min(kRowBlock, rows - r0);
-    const std::uint32_t* prob = DecodeProbBlock(sc, r0);
+    const std::uint32_t* prob = decode_prob_block(sc, r0);
     float* a[kRowBlock];
     const float* alpha[kRowBlock];
     for (int r = 0; r < kRowBlock; ++r) {
@@ -802,9 +616,9 @@ PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows,
           prefetch_lines<kKeepInL2>(far.v_rows[b] + c0 * esize, kChunkLines);
         }
         __m512i x[kVectors];
-        PairValueChunk<KV, decltype(second_key)::value>(
+        pair_value_chunk<KV, decltype(second_key)::value>(
             v_rows[2 * j] + c0 * esize, second_key ? v_rows[2 * j + 1] + c0 * esize : nullptr, t, x);
-        const std::uint32_t* prob_j = prob + DecodeProbIndex(j);
+        const std::uint32_t* prob_j = prob + decode_prob_index(j);
         for (int r = 0; r < kRowBlock; ++r) {
           const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int>(prob_j[2 * r]));
           for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], p, (__m512bh)x[v]);
@@ -820,4 +634,53 @@ PAGEDATTN_DECODE_TARGET void AccumulatePvDecodeBf16(const Scratch& sc, int rows,
     }
   }
 }
+
+// One tile of the AVX512-BF16 decode path: `ahead` is prefetched into L1 from
+// the score loop, `far` into L2 from the P V loop. `score_scale`: the softmax
+// scale times the KV head's K dequantization scale (the bf16 queries stay
+// unscaled). `packed_scores`: K is a Keys16-packed e4m3 cache and the tile
+// starts a group (k_rows point at the rows' row-major positions).
+template <DType KV>
+void tile_decode_dot(const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
+                     const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                     const TilePrefetch& ahead, const TilePrefetch& far, float score_scale, bool packed_scores) {
+  if (KV == DType::FP8_E4M3 && packed_scores) {
+    scores_decode_packed_e4m3(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
+  } else {
+    scores_decode_bf16<KV>(sc, rows, p.head_size, n, k_rows, score_scale, ahead);
+  }
+  softmax_decode(p, sc, rows, t0, n);
+  accumulate_pv_decode_bf16<KV>(sc, rows, p.head_size, n, v_rows, far);
+}
+
+// The decode walk's interface to these tiles (DecodeTiles::kBf16Dot): bf16
+// queries in key slot order (unless the tiles read packed K groups), the
+// scores scaled per tile, the accumulator put back into head order at the end.
+template <DType KV>
+struct DotTiles {
+  template <class D>
+  static void load_queries(D, const AttentionParams& p, const WorkItem& one, const ItemShape& shape,
+                           const Scratch& sc, bool packed_scores) {
+    load_queries_bf16(p, one, shape, reinterpret_cast<std::uint16_t*>(sc.q));
+    if (!packed_scores) queries_to_key_slot_order<KV>(reinterpret_cast<std::uint16_t*>(sc.q), shape.rows, p.head_size);
+  }
+  template <class D>
+  static void tile(D, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
+                   const unsigned char* const* k_rows, const unsigned char* const* v_rows, const TilePrefetch& ahead,
+                   const TilePrefetch& far, int kv_head, bool packed_scores) {
+    const float score_scale = p.scale * dequant_scale(p, p.k_scale, kv_head);
+    tile_decode_dot<KV>(p, sc, rows, t0, n, k_rows, v_rows, ahead, far, score_scale, packed_scores);
+  }
+  template <class D>
+  static void finish(D, const AttentionParams& p, const Scratch& sc, int rows) {
+    acc_to_head_order<KV>(sc.acc, rows, p.head_size);
+  }
+};
+
 #endif  // HWY_TARGET == HWY_AVX3
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace pagedattn::cpu_attn::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX512_INL_H_
