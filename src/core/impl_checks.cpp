@@ -21,8 +21,10 @@ void check_rows(std::string_view where, const TensorView& t, std::string_view na
   check_size(t, 1, where, name, heads);
   check_size(t, 2, where, name, head_size);
   check_last_dim_contiguous(t, where, name);
-  check_arg(t.size(0) >= min_rows, where, fmt::format("{}.size(0)", name),
-            fmt::format(">= num_actual_tokens ({})", min_rows), t.size(0));
+  if (t.size(0) < min_rows) {
+    throw_invalid(where, fmt::format("{}.size(0)", name), fmt::format(">= num_actual_tokens ({})", min_rows),
+                  fmt::format("{}", t.size(0)));
+  }
 }
 
 // One half of the paged cache: [NB, BS, Hkv, D], any strides, last dim contiguous.
@@ -44,8 +46,10 @@ void check_kv_scale(std::string_view where, const TensorView& scale, std::string
   check_dtype(scale, where, name, DType::F32);
   check_device(scale, where, name, device);
   check_last_dim_contiguous(scale, where, name);
-  check_arg(scale.size(0) == 1 || scale.size(0) == num_kv_heads, where, fmt::format("{}.size(0)", name),
-            fmt::format("1 or num_kv_heads ({})", num_kv_heads), scale.size(0));
+  if (scale.size(0) != 1 && scale.size(0) != num_kv_heads) {
+    throw_invalid(where, fmt::format("{}.size(0)", name), fmt::format("1 or num_kv_heads ({})", num_kv_heads),
+                  fmt::format("{}", scale.size(0)));
+  }
 }
 
 }  // namespace
@@ -66,6 +70,8 @@ void check_impl_params(std::string_view where, const AttentionImplParams& p) {
   }
 }
 
+// The checks format their messages only on failure: forward calls run them
+// for every layer and allocate nothing when the arguments are right.
 ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& p, Device device,
                                 const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                                 const TensorView& value, const KVCacheView& kv_cache,
@@ -94,8 +100,10 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
     check_dtype(lse, where, "lse", DType::F32);
     check_device(lse, where, "lse", device);
     check_size(lse, 0, where, "lse", p.num_heads);
-    check_arg(lse.size(1) >= tokens, where, "lse.size(1)", fmt::format(">= num_actual_tokens ({})", tokens),
-              lse.size(1));
+    if (lse.size(1) < tokens) {
+      throw_invalid(where, "lse.size(1)", fmt::format(">= num_actual_tokens ({})", tokens),
+                    fmt::format("{}", lse.size(1)));
+    }
   }
 
   if (shape.paged) {
@@ -104,20 +112,25 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
                      p.head_size);
     check_cache_half(where, kv_cache.value, "kv_cache.value", device, shape.cache_storage, p.num_kv_heads,
                      p.head_size);
-    check_arg(kv_cache.value.shape() == kv_cache.key.shape(), where, "kv_cache.value shape",
-              kv_cache.key.shape().str(), kv_cache.value.shape().str());
+    if (kv_cache.value.shape() != kv_cache.key.shape()) {
+      throw_invalid(where, "kv_cache.value shape", kv_cache.key.shape().str(), kv_cache.value.shape().str());
+    }
     check_key_packing(where, kv_cache.key, kv_cache.key_packing);
     shape.num_blocks = kv_cache.num_blocks();
     if (common.block_size > 0) {
-      check_arg(kv_cache.block_size() == common.block_size, where, "kv_cache block size",
-                fmt::format("metadata block_size ({})", common.block_size), kv_cache.block_size());
+      if (kv_cache.block_size() != common.block_size) {
+        throw_invalid(where, "kv_cache block size", fmt::format("metadata block_size ({})", common.block_size),
+                      fmt::format("{}", kv_cache.block_size()));
+      }
     }
     shape.block_size = kv_cache.block_size();
     if (shape.fp8) {
       check_kv_scale(where, layer.k_scale, "k_scale", device, p.num_kv_heads);
       check_kv_scale(where, layer.v_scale, "v_scale", device, p.num_kv_heads);
-      check_arg(layer.v_scale.size(0) == layer.k_scale.size(0), where, "v_scale.size(0)",
-                fmt::format("k_scale.size(0) ({})", layer.k_scale.size(0)), layer.v_scale.size(0));
+      if (layer.v_scale.size(0) != layer.k_scale.size(0)) {
+        throw_invalid(where, "v_scale.size(0)", fmt::format("k_scale.size(0) ({})", layer.k_scale.size(0)),
+                      fmt::format("{}", layer.v_scale.size(0)));
+      }
       shape.per_head_kv_scales = layer.k_scale.size(0) > 1;
     }
   } else {
@@ -130,9 +143,12 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
   check_last_dim_contiguous(common.block_table_cpu, where, "block_table");
   if (!shape.paged) {
     for (int r = 0; r < common.num_reqs; ++r) {
-      check_arg(common.seq_len(r) == common.query_len(r), where, fmt::format("seq_lens[{}]", r),
-                fmt::format("query_len ({}) for {} attention", common.query_len(r), attention_type_name(p.attn_type)),
-                common.seq_len(r));
+      if (common.seq_len(r) != common.query_len(r)) {
+        throw_invalid(where, fmt::format("seq_lens[{}]", r),
+                      fmt::format("query_len ({}) for {} attention", common.query_len(r),
+                                  attention_type_name(p.attn_type)),
+                      fmt::format("{}", common.seq_len(r)));
+      }
     }
   }
   return shape;

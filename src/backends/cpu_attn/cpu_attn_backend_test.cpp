@@ -33,19 +33,9 @@ namespace {
 
 const CpuAttnBackend kBackend;
 
+using cpu_attn_test::bf16_layer;
 using cpu_attn_test::for_each_isa;
 
-// The impl arguments of a bf16 decoder layer with a `cache` KV cache.
-AttentionImplParams bf16_layer(int heads, int kv_heads, int head_size, CacheDType cache) {
-  AttentionImplParams params;
-  params.num_heads = heads;
-  params.num_kv_heads = kv_heads;
-  params.head_size = head_size;
-  params.scale = 0.125f;
-  params.dtype = DType::BF16;
-  params.kv_cache_dtype = cache;
-  return params;
-}
 
 TEST(CpuAttnBackendTest, CapabilitiesAndReasons) {
   SelectorConfig cfg;
@@ -169,6 +159,7 @@ struct Problem {
     bp.block_size = kBlockSize;
     bp.num_kv_heads = kKvHeads;
     bp.head_size = kHeadSize;
+    bp.num_heads = kHeads;
     return bp;
   }
 
@@ -527,6 +518,7 @@ TEST(CpuAttnBackendTest, StagedNhdRowsReadNothingPastTheCache) {
   bp.block_size = kBlockSize;
   bp.num_kv_heads = kKvHeads;
   bp.head_size = kHeadSize;
+  bp.num_heads = kHeads;
   MetadataOptions options;
   options.block_size = kBlockSize;
   const std::vector<RequestSpec> decode{RequestSpec{1, kKeys, {0, 1, 2, 3}}};
@@ -571,6 +563,25 @@ TEST(CpuAttnBackendTest, RejectsBadArgumentsBeforeWriting) {
   AttentionImplParams bad = pr.params;
   bad.head_size = 36;
   EXPECT_THROW(kBackend.make_impl(bad), Error);
+}
+
+// The builder sizes the step's workspace from its num_heads: it needs one, and
+// a layer with more query heads than the builder was told is rejected before
+// anything is written.
+TEST(CpuAttnBackendTest, WorkspaceFollowsTheBuilderParams) {
+  BuilderParams unknown_heads = Problem::builder_params();
+  unknown_heads.num_heads = 0;
+  EXPECT_THROW(kBackend.make_builder(unknown_heads), Error);
+
+  Problem pr;
+  BuilderParams fewer_heads = Problem::builder_params();
+  fewer_heads.num_heads = Problem::kKvHeads;
+  const auto md = kBackend.make_builder(fewer_heads)->build(pr.metadata({{20, 20}, {1, Problem::kLongDecodeKeys}}));
+  Tensor out = Tensor::zeros({21, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+  const Tensor query = pr.random_tensor({21, Problem::kHeads, Problem::kHeadSize});
+  EXPECT_THROW(kBackend.make_impl(pr.params)->forward(LayerQuantState{}, query, {}, {}, pr.kv, *md, out, {}), Error);
+  const auto zeros = to_byte_vector(out);
+  EXPECT_TRUE(std::all_of(zeros.begin(), zeros.end(), [](std::uint8_t b) { return b == 0; }));
 }
 
 // ---- a Keys16-packed K (kv_packing.h) ------------------------------------------------
@@ -658,6 +669,7 @@ struct PackedBatch {
     bp.block_size = kBlockSize;
     bp.num_kv_heads = kKvHeads;
     bp.head_size = kHeadSize;
+    bp.num_heads = kHeads;
     const auto md = backend.make_builder(bp)->build(common);
     Tensor out = Tensor::zeros({query.size(0), kHeads, kHeadSize}, DType::BF16);
     backend.make_impl(params)->forward(layer, query, {}, {}, kv, *md, out, {});

@@ -120,6 +120,7 @@ TEST(CpuAttnNanRule, RowWithoutVisibleKeysIsZeroWithMinusInfLse) {
       bp.block_size = kBlockSize;
       bp.num_kv_heads = kKvHeads;
       bp.head_size = kHeadSize;
+      bp.num_heads = kHeads;
       const Tensor storage = Tensor::zeros(
           kBackend.kv_cache_shape(kBlocks, kBlockSize, kKvHeads, kHeadSize, CacheDType::Auto), dtype);
       const KVCacheView cache = kBackend.unbind_kv_cache(storage);

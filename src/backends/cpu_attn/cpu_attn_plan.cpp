@@ -50,6 +50,15 @@ bool rows_scattered(const AttentionParams& p) {
 
 }  // namespace
 
+WorkspaceSize plan_workspace(const WorkPlan& plan, int head_size, int group, int thread_slots) {
+  WorkspaceSize size;
+  size.scratch_bytes = scratch_bytes(head_size, plan.max_item_tokens * group, plan.max_item_kv_heads);
+  size.thread_slots = thread_slots;
+  size.partial_floats = static_cast<std::size_t>(plan.partial_tokens) * static_cast<std::size_t>(group) *
+                        partial_row_floats(head_size);
+  return size;
+}
+
 KernelVariant choose_kernel_variant(const AttentionParams& p, Isa isa) {
   const TargetShape target = target_shape(isa);
   const int d = p.head_size;
@@ -92,7 +101,8 @@ KernelVariant choose_kernel_variant(const AttentionParams& p, Isa isa) {
   // 4-byte K/V only (with 1-byte K/V it measured slower); the AVX512-BF16
   // tiles prefetch the next unit into L1 only when it and the unit computed
   // take at most half of L1 (bf16 units at head size 128 evicted the unit
-  // computed, and the L2 hint measured faster; docs/cpu_attn.md).
+  // computed, and the L2 hint measured faster; with 64-key tiles so did e4m3
+  // units of 16 KiB; docs/cpu_attn.md).
   const std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_size(kv);
   const std::size_t unit_bytes = 2 * kTileKeys * row_bytes;
   v.decode.staged = rows_scattered(p);

@@ -11,6 +11,18 @@
 
 namespace pagedattn::cpu_attn_test {
 
+// The impl arguments of a bf16 decoder layer with a `cache` KV cache.
+AttentionImplParams bf16_layer(int heads, int kv_heads, int head_size, CacheDType cache) {
+  AttentionImplParams params;
+  params.num_heads = heads;
+  params.num_kv_heads = kv_heads;
+  params.head_size = head_size;
+  params.scale = 0.125f;
+  params.dtype = DType::BF16;
+  params.kv_cache_dtype = cache;
+  return params;
+}
+
 namespace {
 
 // fp8 scales: amax / 64, as the conformance harness and vLLM's test_cache

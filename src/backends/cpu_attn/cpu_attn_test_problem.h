@@ -31,6 +31,9 @@ void for_each_isa(F check) {
   cpu_attn::set_isa(saved);
 }
 
+// The impl arguments of a bf16 decoder layer with a `cache` KV cache.
+AttentionImplParams bf16_layer(int heads, int kv_heads, int head_size, CacheDType cache);
+
 // The layer: shape, dtypes, cache and scoring features.
 struct LayerSpec {
   int heads = 4;

@@ -16,7 +16,6 @@ namespace pagedattn::cpu_attn::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 #if HWY_TARGET == HWY_AVX3
 
-
 // Bf16 elements and floats per 512-bit vector.
 constexpr int kBf16PerVector = 32;
 constexpr int kFloatsPerVector = 16;

@@ -107,7 +107,7 @@ inline ItemShape item_shape(const AttentionParams& p, int request, int q_begin, 
 
 // Visible keys of every row (docs/semantics.md masks); returns their union.
 inline void fill_rows(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, RowInfo* rows,
-               int& union_lo, int& union_hi) {
+                      int& union_lo, int& union_hi) {
   const int context_len = shape.num_keys - shape.q_len;
   union_lo = shape.num_keys;
   union_hi = 0;
@@ -130,8 +130,8 @@ inline void fill_rows(const AttentionParams& p, const WorkItem& item, const Item
   }
 }
 
-inline void load_queries(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, float q_scale,
-                  float* q) {
+inline void load_queries(const AttentionParams& p, const WorkItem& item, const ItemShape& shape,
+                         float q_scale, float* q) {
   const int d_size = p.head_size;
   for (int r = 0; r < shape.rows; ++r) {
     const int token = shape.first_token + item.q_begin + r / shape.group;
@@ -139,30 +139,34 @@ inline void load_queries(const AttentionParams& p, const WorkItem& item, const I
     const unsigned char* src =
         element(p.query.data, token * p.query.row_stride + head * p.query.head_stride, p.query.dtype);
     const auto step = static_cast<std::int64_t>(dtype_size(p.query.dtype));
-    for (int d = 0; d < d_size; ++d) q[r * d_size + d] = load_as_float(src + d * step, p.query.dtype) * q_scale;
+    for (int d = 0; d < d_size; ++d)
+      q[r * d_size + d] = load_as_float(src + d * step, p.query.dtype) * q_scale;
   }
 }
 
 // Copies the bf16 query rows (unscaled) into the scratch as raw bits.
-inline void load_queries_bf16(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, std::uint16_t* q) {
+inline void load_queries_bf16(const AttentionParams& p, const WorkItem& item, const ItemShape& shape,
+                              std::uint16_t* q) {
   const int d_size = p.head_size;
   for (int r = 0; r < shape.rows; ++r) {
     const int token = shape.first_token + item.q_begin + r / shape.group;
     const int head = item.kv_head * shape.group + r % shape.group;
     const unsigned char* src =
         element(p.query.data, token * p.query.row_stride + head * p.query.head_stride, DType::BF16);
-    std::memcpy(q + static_cast<std::size_t>(r) * d_size, src, static_cast<std::size_t>(d_size) * sizeof(std::uint16_t));
+    std::memcpy(q + static_cast<std::size_t>(r) * d_size, src,
+                static_cast<std::size_t>(d_size) * sizeof(std::uint16_t));
   }
 }
 
 // Row pointers of keys/values [t0, t0 + n) of one KV head.
-inline void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, int t0, int n,
-                   const unsigned char** k_rows, const unsigned char** v_rows) {
+inline void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, int t0,
+                          int n, const unsigned char** k_rows, const unsigned char** v_rows) {
   if (p.key_source == KeySource::DenseRows) {
     for (int i = 0; i < n; ++i) {
       const std::int64_t row = shape.first_token + t0 + i;
       k_rows[i] = element(p.key.data, row * p.key.row_stride + item.kv_head * p.key.head_stride, p.kv_dtype);
-      v_rows[i] = element(p.value.data, row * p.value.row_stride + item.kv_head * p.value.head_stride, p.kv_dtype);
+      v_rows[i] =
+          element(p.value.data, row * p.value.row_stride + item.kv_head * p.value.head_stride, p.kv_dtype);
     }
     return;
   }
@@ -176,10 +180,12 @@ inline void tile_pointers(const AttentionParams& p, const WorkItem& item, const 
     const std::int64_t block = table[j / p.block_size];
     const int first_slot = j % p.block_size;
     const int run = std::min(n - i, p.block_size - first_slot);
-    const unsigned char* k_row =
-        element(kc.data, block * kc.block_stride + first_slot * kc.slot_stride + item.kv_head * kc.head_stride, p.kv_dtype);
-    const unsigned char* v_row =
-        element(vc.data, block * vc.block_stride + first_slot * vc.slot_stride + item.kv_head * vc.head_stride, p.kv_dtype);
+    const unsigned char* k_row = element(
+        kc.data, block * kc.block_stride + first_slot * kc.slot_stride + item.kv_head * kc.head_stride,
+        p.kv_dtype);
+    const unsigned char* v_row = element(
+        vc.data, block * vc.block_stride + first_slot * vc.slot_stride + item.kv_head * vc.head_stride,
+        p.kv_dtype);
     const std::int64_t k_step = kc.slot_stride * static_cast<std::int64_t>(dtype_size(p.kv_dtype));
     const std::int64_t v_step = vc.slot_stride * static_cast<std::int64_t>(dtype_size(p.kv_dtype));
     for (int s = 0; s < run; ++s, ++i) {
@@ -338,11 +344,12 @@ HWY_INLINE void store_accumulators(D d, float* const (&a)[kR], int c0, const hn:
 // out[e] = acc[e] * factor (zeros when acc is null) for e < n, stored as
 // `out_dtype`: a DType, or a std::integral_constant of one. A constant dtype
 // lets the compiler vectorize the conversion, which a per-element dtype switch
-// kept scalar (~10% of a 256-key decode item, docs/perf.md attempt 55).
+// kept scalar (~10% of a 256-key decode item, docs/cpu_attn.md).
 template <class OutDType>
 void store_row_as(OutDType out_dtype, unsigned char* out, const float* acc, float factor, int n) {
   const auto step = static_cast<std::int64_t>(dtype_size(out_dtype));
-  for (int e = 0; e < n; ++e) store_from_float(out + e * step, out_dtype, acc == nullptr ? 0.0f : acc[e] * factor);
+  for (int e = 0; e < n; ++e)
+    store_from_float(out + e * step, out_dtype, acc == nullptr ? 0.0f : acc[e] * factor);
 }
 
 template <DType kOut>
@@ -362,11 +369,13 @@ inline void store_output_row(DType out_dtype, unsigned char* out, const float* a
 }
 
 // Writes one finished row: output in the query dtype, LSE; sink and v_scale applied.
-inline void finish_row(const AttentionParams& p, int token, int head, float m, float l, const float* acc, float v_scale) {
+inline void finish_row(const AttentionParams& p, int token, int head, float m, float l, const float* acc,
+                       float v_scale) {
   const int d_size = p.head_size;
   const DType out_dtype = p.query.dtype;
-  auto* out = static_cast<unsigned char*>(p.output) +
-              (token * p.output_row_stride + head * p.output_head_stride) * static_cast<std::int64_t>(dtype_size(out_dtype));
+  auto* out =
+      static_cast<unsigned char*>(p.output) + (token * p.output_row_stride + head * p.output_head_stride) *
+                                                  static_cast<std::int64_t>(dtype_size(out_dtype));
   float* lse = p.lse == nullptr ? nullptr : p.lse + head * p.lse_head_stride + token * p.lse_token_stride;
   // No visible key: zeros, LSE -inf (also with a sink). A row whose every
   // visible score was NaN can end with m = -inf too (a max may drop NaN), but
@@ -407,7 +416,8 @@ void unpack_key_rows(const AttentionParams& p, int t0, int n, const unsigned cha
     const unsigned char* group = k_rows[i] - static_cast<std::size_t>(t) * row_bytes;
     unsigned char* dst = out + static_cast<std::size_t>(i) * row_bytes;
     for (int d = 0; d < d_size; d += 2) {
-      std::memcpy(dst + d * dtype_size(KV), group + packed_key_group_offset(t, d) * dtype_size(KV), kPairBytes);
+      std::memcpy(dst + d * dtype_size(KV), group + packed_key_group_offset(t, d) * dtype_size(KV),
+                  kPairBytes);
     }
     staged[i] = dst;
   }
@@ -424,8 +434,8 @@ inline WorkItem head_of(const WorkItem& item, int h) {
 
 // A single-head item's rows, the keys [lo, hi) it reads and its zeroed
 // online-softmax state.
-inline void begin_head(const AttentionParams& p, const WorkItem& one, const ItemShape& shape, const Scratch& sc,
-                int& lo, int& hi) {
+inline void begin_head(const AttentionParams& p, const WorkItem& one, const ItemShape& shape,
+                       const Scratch& sc, int& lo, int& hi) {
   fill_rows(p, one, shape, sc.rows, lo, hi);
   lo = std::max(lo, one.k_begin);
   hi = std::min(hi, one.k_end);
@@ -436,7 +446,7 @@ inline void begin_head(const AttentionParams& p, const WorkItem& one, const Item
 
 // Writes a single-head item's result: its split partial, or its output rows.
 inline void end_head(const AttentionParams& p, const WorkItem& one, const ItemShape& shape, const Scratch& sc,
-              const PartialState& partials) {
+                     const PartialState& partials) {
   const int d_size = p.head_size;
   if (one.partial_token >= 0) {
     const std::size_t row_floats = partial_row_floats(d_size);
@@ -455,6 +465,30 @@ inline void end_head(const AttentionParams& p, const WorkItem& one, const ItemSh
     const int head = one.kv_head * shape.group + r % shape.group;
     finish_row(p, token, head, sc.m[r], sc.l[r], sc.acc + r * d_size, v_scale);
   }
+}
+
+// Calls f(d, kv) with the variant's vector width as the descriptor d and its
+// KV dtype as kv, a std::integral_constant: one instantiation per pair.
+template <class F>
+void with_variant_types(const KernelVariant& variant, F&& f) {
+  const auto with_kv = [&](auto d) {
+    switch (variant.kv_dtype) {
+      case DType::F32:
+        return f(d, std::integral_constant<DType, DType::F32>{});
+      case DType::F16:
+        return f(d, std::integral_constant<DType, DType::F16>{});
+      case DType::BF16:
+        return f(d, std::integral_constant<DType, DType::BF16>{});
+      case DType::FP8_E4M3:
+        return f(d, std::integral_constant<DType, DType::FP8_E4M3>{});
+      case DType::FP8_E5M2:
+        return f(d, std::integral_constant<DType, DType::FP8_E5M2>{});
+      default:
+        return;  // the backend admits no other KV dtype
+    }
+  };
+  if (variant.width == VectorWidth::kFull) return with_kv(hn::ScalableTag<float>());
+  with_kv(hn::CappedTag<float, kMinHeadSizeMultiple>());
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

@@ -34,13 +34,14 @@ struct ChunkTiles {
   template <class D>
   static void load_queries(D d, const AttentionParams& p, const WorkItem& one, const ItemShape& shape,
                            const Scratch& sc, bool) {
-    cpu_attn::HWY_NAMESPACE::load_queries(p, one, shape, p.scale * dequant_scale(p, p.k_scale, one.kv_head), sc.q);
+    cpu_attn::HWY_NAMESPACE::load_queries(p, one, shape, p.scale * dequant_scale(p, p.k_scale, one.kv_head),
+                                          sc.q);
     reorder_rows<KV>(sc.q, sc.tmp, shape.rows, p.head_size, static_cast<int>(hn::Lanes(d)), true);
   }
   template <class D>
   static void tile(D d, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
-                   const unsigned char* const* k_rows, const unsigned char* const* v_rows, const TilePrefetch& ahead,
-                   const TilePrefetch& far, int, bool) {
+                   const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                   const TilePrefetch& ahead, const TilePrefetch& far, int, bool) {
     tile_decode<KV, kQuads>(d, p, sc, rows, t0, n, k_rows, v_rows, ahead, far);
   }
   template <class D>
@@ -62,7 +63,8 @@ void stage_rows(D, const unsigned char* const* rows, int n, std::size_t row_byte
   for (int i = 0; i < n; ++i) {
     unsigned char* dst = out + static_cast<std::size_t>(i) * row_bytes;
     if constexpr (kTarget.byte_vectors) {
-      for (std::size_t b = 0; b < whole; b += hn::Lanes(du8)) hn::StoreU(hn::LoadU(du8, rows[i] + b), du8, dst + b);
+      for (std::size_t b = 0; b < whole; b += hn::Lanes(du8))
+        hn::StoreU(hn::LoadU(du8, rows[i] + b), du8, dst + b);
     }
     if (whole < row_bytes) std::memcpy(dst + whole, rows[i] + whole, row_bytes - whole);
     staged[i] = dst;
@@ -170,32 +172,11 @@ void run_decode_typed(D d, const AttentionParams& p, const DecodeStreams& stream
   walk_decode_units<ChunkTiles<KV, false>, KV>(d, p, streams, item, partials, scratch);
 }
 
-template <class D>
-void run_decode_width(D d, const AttentionParams& p, const KernelVariant& variant, const ItemKernel& kernel,
-                      const WorkItem& item, const PartialState& partials, void* scratch) {
-  const DecodeStreams& s = variant.decode;
-  switch (variant.kv_dtype) {
-    case DType::F32:
-      return run_decode_typed<DType::F32>(d, p, s, kernel, item, partials, scratch);
-    case DType::F16:
-      return run_decode_typed<DType::F16>(d, p, s, kernel, item, partials, scratch);
-    case DType::BF16:
-      return run_decode_typed<DType::BF16>(d, p, s, kernel, item, partials, scratch);
-    case DType::FP8_E4M3:
-      return run_decode_typed<DType::FP8_E4M3>(d, p, s, kernel, item, partials, scratch);
-    case DType::FP8_E5M2:
-      return run_decode_typed<DType::FP8_E5M2>(d, p, s, kernel, item, partials, scratch);
-    default:
-      return;  // the backend admits no other KV dtype
-  }
-}
-
 void run_decode_item(const AttentionParams& p, const KernelVariant& variant, const ItemKernel& kernel,
                      const WorkItem& item, const PartialState& partials, void* scratch) {
-  if (variant.width == VectorWidth::kFull) {
-    return run_decode_width(hn::ScalableTag<float>(), p, variant, kernel, item, partials, scratch);
-  }
-  run_decode_width(hn::CappedTag<float, kMinHeadSizeMultiple>(), p, variant, kernel, item, partials, scratch);
+  with_variant_types(variant, [&](auto d, auto kv) {
+    run_decode_typed<decltype(kv)::value>(d, p, variant.decode, kernel, item, partials, scratch);
+  });
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

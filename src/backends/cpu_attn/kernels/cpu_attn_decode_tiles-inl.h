@@ -20,20 +20,17 @@ namespace pagedattn::cpu_attn::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Paged blocks are scattered, so the hardware prefetchers lose the stream at
-// every block: the decode walk prefetches the next (tile, head) unit in
-// software, spread over the tiles' score loops (TilePrefetch), and the unit
-// kFarPrefetchUnits ahead into L2 from their P V loops (docs/cpu_attn.md).
-// The tile after the one computed, for the chunked decode path to prefetch
-// into L1 a few rows at a time from inside its score loop: a burst of a whole
-// tile's prefetches fills the miss buffers and stalls the loads behind it,
-// while spread out they keep DRAM busy under the arithmetic (docs/perf.md,
-// attempt 26). The score loops of later row blocks of the same tile get
-// `ahead` null.
+// every block: the decode walk prefetches in software. TilePrefetch is the
+// unit after the one computed, which the tiles prefetch a few rows at a time
+// from inside their score loops: a burst of a whole tile's prefetches fills
+// the miss buffers and stalls the loads behind it, while spread out they keep
+// DRAM busy under the arithmetic (docs/cpu_attn.md). The score loops of later
+// row blocks of the same tile get `ahead` null.
 struct TilePrefetch {
   const unsigned char* const* k_rows = nullptr;  // [n] K rows of the next tile
   const unsigned char* const* v_rows = nullptr;  // [n] V rows of the next tile
   int n = 0;
-  int lines = 0;  // cache lines per K/V row
+  int lines = 0;         // cache lines per K/V row
   bool into_l2 = false;  // the L2 hint instead of L1 (walk_decode_units: units that crowd L1)
 };
 
@@ -41,8 +38,8 @@ struct TilePrefetch {
 // prefetch order (in the score loop only: prefetches in the P V loop measured
 // slower). That order alternates between the two halves of the tile (its two
 // blocks at the default block size), so four K/V streams advance together
-// instead of two: the interleaved reads attempt 21 measured near the streaming
-// roofline (docs/perf.md, attempt 34).
+// instead of two: interleaved reads measured near the streaming roofline
+// (docs/cpu_attn.md).
 HWY_INLINE void prefetch_ahead(const TilePrefetch* ahead, int i0, int count) {
   if (ahead == nullptr) return;
   const int half = (ahead->n + 1) / 2;
@@ -78,7 +75,7 @@ void permute_rows(T* x, T* tmp, int rows, int d_size, int block, SlotDim slot_di
   }
 }
 
-// ---- the chunked decode path (few rows) ------------------------------------------
+// ---- the chunk tiles (few rows) ----------------------------------------------------
 //
 // A chunk is 2 x Lanes(d) K/V elements, read as two float vectors. bf16 is
 // read as 32-bit lanes whose low and high halves are already the even and odd
@@ -102,7 +99,7 @@ constexpr int kChunkWays = KV == DType::BF16                             ? 2
                            : (KV == DType::FP8_E4M3 && kE4M3AsFloatBits) ? 4
                                                                          : 1;
 
-// Elements of the blocks the chunked path walks (head sizes must divide).
+// Elements of the blocks the chunk tiles walk (head sizes must divide).
 template <DType KV>
 int chunk_block(int lanes) {
   return std::max(2, kChunkWays<KV>) * lanes;
@@ -113,7 +110,7 @@ int chunk_block(int lanes) {
 // take the difference.
 constexpr float kE4M3WideToHalf = 0x1p112f;
 
-// What the chunked path multiplies scores and probabilities by.
+// What the chunk tiles multiply scores and probabilities by.
 template <DType KV>
 constexpr float kChunkRescale = kChunkWays<KV> == 4 ? kE4M3WideToHalf : 1.0f;
 
@@ -138,7 +135,7 @@ HWY_INLINE hn::Vec<D> load_e4m3_nan_free(D d, const unsigned char* p) {
 // exponent and mantissa land in the float's low exponent and top mantissa
 // bits; the mask clears the sign copies. The float reads 2^-120 times the
 // value, e4m3 subnormals as float subnormals (Zen FMAs take those at full
-// speed, docs/perf.md attempt 28). Two or three integer operations per 8
+// speed, docs/cpu_attn.md). Two or three integer operations per 8
 // values and no conversion instruction (load_e4m3_nan_free's sign extension and
 // half-to-float both take FMA-pipe cycles). kNanFree: the tile holds no NaN
 // code, else its lanes become NaN.
@@ -166,7 +163,7 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<D>> load_e4m3_block(D d, const unsigned ch
 
 // bf16 pairs read as 32-bit lanes hold the even element in the low half and
 // the odd one in the high half. Shifts share the FMA pipes, masks run on any
-// FP pipe (docs/perf.md, attempt 33), so a chunk past the first of its row
+// FP pipe (docs/cpu_attn.md), so a chunk past the first of its row
 // reads its even elements 2 bytes early, as high halves to mask, and one
 // before the last of its row its odd elements 2 bytes late, as low halves to
 // shift up (one shift instead of two where no register is free for the
@@ -190,7 +187,8 @@ HWY_INLINE hn::Vec<D> low_halves(D d, hn::Vec<hn::RebindToUnsigned<D>> u) {
 template <class D>
 HWY_INLINE hn::Vec<D> bf16_evens(D d, const unsigned char* p, bool row_start) {
   constexpr int kElementBytes = 2;
-  return row_start ? low_halves(d, load_bf16_pairs(d, p)) : high_halves(d, load_bf16_pairs(d, p - kElementBytes));
+  return row_start ? low_halves(d, load_bf16_pairs(d, p))
+                   : high_halves(d, load_bf16_pairs(d, p - kElementBytes));
 }
 
 // The odd elements of the bf16 chunk at p without a mask; row_end: the chunk
@@ -408,9 +406,9 @@ void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int row
                        const TilePrefetch& ahead, const TilePrefetch& far);
 
 // Whether any of the n rows holds the e4m3 NaN code (S.1111.111): one AND
-// and one unsigned max per vector of bytes (a compare and an OR cost one more,
-// attempt 40), a fraction of what the NaN-exact conversion costs per value.
-// Two rows at a time, each into its own accumulator (docs/perf.md, attempt 35).
+// and one unsigned max per vector of bytes (a compare and an OR measured one
+// more), a fraction of what the NaN-exact conversion costs per value.
+// Two rows at a time, each into its own accumulator (docs/cpu_attn.md).
 template <class D>
 bool has_e4m3_nan(D, const unsigned char* const* rows, int n, int d_size) {
   const hn::Repartition<std::uint8_t, D> du8;
@@ -468,7 +466,7 @@ void tile_decode_rows(D d, const AttentionParams& p, const Scratch& sc, int rows
   }
 }
 
-// One tile of the chunked decode path: rows in blocks of four, then two, then
+// One chunk tile: rows in blocks of four, then two, then
 // one (or the four-row tile: kQuads). e4m3 tiles without the NaN code (nearly
 // all) take the cheap conversion. `ahead` is prefetched into L1 from the score
 // loop, `far` into L2 from the P V loop.

@@ -22,8 +22,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // scores of a pass (four rows x three keys) are reduced by transposing adds
 // and stored key-major, st[key][row], so the online softmax of the four rows
 // runs on full vectors (two keys of all four rows each) with no per-row
-// horizontal work, and P V broadcasts from the same tile (docs/perf.md,
-// attempt 24).
+// horizontal work, and P V broadcasts from the same tile (docs/cpu_attn.md).
 
 // Lane k of the result is the sum of a[k]'s lanes.
 HWY_INLINE __m256 sum_lanes8(const __m256 (&a)[8]) {
@@ -106,7 +105,7 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
       });
     }
     const __m256 first_two[2 * kRowBlock] = {acc[0][0].raw, acc[0][1].raw, acc[0][2].raw, acc[0][3].raw,
-                                              acc[1][0].raw, acc[1][1].raw, acc[1][2].raw, acc[1][3].raw};
+                                             acc[1][0].raw, acc[1][1].raw, acc[1][2].raw, acc[1][3].raw};
     const __m256 sums01 = sum_lanes8(first_two);
     const __m128 sums2 = sum_lanes4(acc[2][0].raw, acc[2][1].raw, acc[2][2].raw, acc[2][3].raw);
     _mm256_storeu_ps(st + i0 * kRowBlock, _mm256_mul_ps(sums01, _mm256_set1_ps(kChunkRescale<KV>)));
@@ -186,7 +185,7 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
   hn::StoreU(hn::LowerHalf(d4, l_new), d4, sc.l + r0);
 }
 
-// One tile of the chunked decode path for rows % 4 == 0: scores, softmax and
+// One four-row tile (rows % 4 == 0): scores, softmax and
 // P V per block of four rows, with probabilities key-major in the block's
 // part of sc.s.
 template <DType KV, bool kNanFree, class D>

@@ -92,8 +92,8 @@ struct Scratch {
   float* l = nullptr;       // [rows] running sum
   float* alpha = nullptr;   // [rows] rescale of the accumulator for the current tile
   RowInfo* rows = nullptr;  // [rows]
-  float* kt = nullptr;      // [D, kTileKeys] transposed K tile (the chunked decode path: raw K rows, staged)
-  float* vf = nullptr;      // [kTileKeys, D] converted V tile (the chunked decode path: raw V rows, staged)
+  float* kt = nullptr;      // [D, kTileKeys] transposed K tile (the decode walk: K rows staged)
+  float* vf = nullptr;      // [kTileKeys, D] converted V tile (the decode walk: V rows staged)
   float* tmp = nullptr;     // [D] one converted row
   unsigned char* ks = nullptr;  // [kTileKeys, D] K rows unpacked from a packed cache (unpack_key_rows)
 

@@ -33,7 +33,8 @@ void merge_splits(const AttentionParams& p, const MergeItem& item, const Partial
   // The first split's accumulator row is rescaled in place; partials are scratch.
   for (int r = 0; r < rows; ++r) {
     float m = neg_inf();
-    for (int s = 0; s < item.num_splits; ++s) m = std::max(m, first[s * split_floats + r * row_floats + d_size]);
+    for (int s = 0; s < item.num_splits; ++s)
+      m = std::max(m, first[s * split_floats + r * row_floats + d_size]);
     float* acc = first + r * row_floats;
     // Also when m is -inf: a split whose visible scores were all NaN has
     // m = -inf and a NaN sum, which makes l NaN (finish_row).
@@ -53,7 +54,6 @@ void merge_splits(const AttentionParams& p, const MergeItem& item, const Partial
     finish_row(p, token, head, m, l, acc, v_scale);
   }
 }
-
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace pagedattn::cpu_attn::HWY_NAMESPACE

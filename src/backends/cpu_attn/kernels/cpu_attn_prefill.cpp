@@ -32,7 +32,8 @@ template <DType KV, class D>
 void tile_scores(D d, TileScores scores, const Scratch& sc, int rows, int d_size, int n,
                  const unsigned char* const* k_rows, float scale) {
   if constexpr (kTarget.bf16_dot && KV == DType::BF16) {
-    if (scores == TileScores::kTransposedBf16) return Bf16Tiles<KV>::scores(sc, rows, d_size, n, k_rows, scale);
+    if (scores == TileScores::kTransposedBf16)
+      return Bf16Tiles<KV>::scores(sc, rows, d_size, n, k_rows, scale);
   }
   if (scores == TileScores::kTransposed) return scores_transposed<KV>(d, sc, rows, d_size, n, k_rows);
   scores_rowwise<KV>(d, sc, rows, d_size, n, k_rows);
@@ -40,7 +41,8 @@ void tile_scores(D d, TileScores scores, const Scratch& sc, int rows, int d_size
 
 // The variant's P V step.
 template <DType KV, class D>
-void tile_pv(D d, TilePv pv, const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* v_rows) {
+void tile_pv(D d, TilePv pv, const Scratch& sc, int rows, int d_size, int n,
+             const unsigned char* const* v_rows) {
   if constexpr (kTarget.bf16_dot && KV == DType::BF16) {
     if (pv == TilePv::kBf16) return Bf16Tiles<KV>::pv(sc, rows, d_size, n, v_rows);
   }
@@ -48,7 +50,8 @@ void tile_pv(D d, TilePv pv, const Scratch& sc, int rows, int d_size, int n, con
   const int lanes = static_cast<int>(hn::Lanes(d));
   const auto esize = static_cast<int>(dtype_size(KV));
   for (int i = 0; i < n; ++i) {
-    for (int c = 0; c < d_size; c += lanes) hn::Store(load_kv<KV>(d, v_rows[i] + c * esize), d, sc.vf + i * d_size + c);
+    for (int c = 0; c < d_size; c += lanes)
+      hn::Store(load_kv<KV>(d, v_rows[i] + c * esize), d, sc.vf + i * d_size + c);
   }
   if (pv == TilePv::kConvertedWide) return accumulate_pv_wide(d, sc, rows, d_size, n);
   accumulate_pv<KV>(d, sc, rows, d_size, n, nullptr);
@@ -115,34 +118,15 @@ void run_tiles_head(D d, const AttentionParams& p, const ItemKernel& kernel, con
 template <DType KV, class D>
 void run_tiles_typed(D d, const AttentionParams& p, const ItemKernel& kernel, const WorkItem& item,
                      const PartialState& partials, void* scratch) {
-  for (int h = 0; h < item.kv_heads; ++h) run_tiles_head<KV>(d, p, kernel, head_of(item, h), partials, scratch);
-}
-
-template <class D>
-void run_tiles_width(D d, const AttentionParams& p, const KernelVariant& variant, const ItemKernel& kernel,
-                     const WorkItem& item, const PartialState& partials, void* scratch) {
-  switch (variant.kv_dtype) {
-    case DType::F32:
-      return run_tiles_typed<DType::F32>(d, p, kernel, item, partials, scratch);
-    case DType::F16:
-      return run_tiles_typed<DType::F16>(d, p, kernel, item, partials, scratch);
-    case DType::BF16:
-      return run_tiles_typed<DType::BF16>(d, p, kernel, item, partials, scratch);
-    case DType::FP8_E4M3:
-      return run_tiles_typed<DType::FP8_E4M3>(d, p, kernel, item, partials, scratch);
-    case DType::FP8_E5M2:
-      return run_tiles_typed<DType::FP8_E5M2>(d, p, kernel, item, partials, scratch);
-    default:
-      return;  // the backend admits no other KV dtype
-  }
+  for (int h = 0; h < item.kv_heads; ++h)
+    run_tiles_head<KV>(d, p, kernel, head_of(item, h), partials, scratch);
 }
 
 void run_tiles_item(const AttentionParams& p, const KernelVariant& variant, const ItemKernel& kernel,
                     const WorkItem& item, const PartialState& partials, void* scratch) {
-  if (variant.width == VectorWidth::kFull) {
-    return run_tiles_width(hn::ScalableTag<float>(), p, variant, kernel, item, partials, scratch);
-  }
-  run_tiles_width(hn::CappedTag<float, kMinHeadSizeMultiple>(), p, variant, kernel, item, partials, scratch);
+  with_variant_types(variant, [&](auto d, auto kv) {
+    run_tiles_typed<decltype(kv)::value>(d, p, kernel, item, partials, scratch);
+  });
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

@@ -1,7 +1,7 @@
 // The tile loop's fp32 micro-kernels, for every target: score tiles (rowwise
 // for few rows, through a transposed K tile for many) and P V (from the V rows,
 // or a converted V tile). Targets add faster overloads for their full vector
-// (scores_rowwise, transpose_k_tile) and the AVX512-BF16 kernels (Bf16Tiles),
+// (store_row_sums, transpose_k_tile) and the AVX512-BF16 kernels (Bf16Tiles),
 // in the headers included below. Highway per-target header.
 #if defined(PAGEDATTN_CPU_ATTN_PREFILL_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef PAGEDATTN_CPU_ATTN_PREFILL_TILES_INL_H_
@@ -22,17 +22,17 @@ namespace pagedattn::cpu_attn::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Stores the sums of kRowBlock accumulators into column i of the score tile
-// (rows r0 .. r0 + rb).
+// (rows r0 .. r0 + rb). Targets may overload it for their full vector.
 template <class D>
-HWY_INLINE void store_row_sums(D d, const Scratch& sc, int r0, int rb, int i, const hn::Vec<D> (&acc)[kRowBlock]) {
+HWY_INLINE void store_row_sums(D d, const Scratch& sc, int r0, int rb, int i,
+                               const hn::Vec<D> (&acc)[kRowBlock]) {
   static_assert(kRowBlock == 4, "rows are summed four at a time");
   store_sums4(d, acc, sc.s + r0 * kTileKeys + i, kTileKeys, rb);
 }
 
 // S[r, i] = q_r . k_i for keys straight from their rows (few rows). Always
 // kRowBlock rows (missing rows of a partial block reuse row r0 and are not
-// stored), so the accumulators stay in registers. Targets may overload it for
-// their full vector.
+// stored), so the accumulators stay in registers.
 template <DType KV, class D>
 void scores_rowwise(D d, const Scratch& sc, int rows, int d_size, int n, const unsigned char* const* k_rows) {
   const int lanes = static_cast<int>(hn::Lanes(d));
@@ -62,7 +62,8 @@ void transpose_k_tile(D d, const Scratch& sc, int d_size, int n, const unsigned 
   const auto esize = static_cast<int>(dtype_size(KV));
   for (int i = 0; i < kTileKeys; ++i) {
     if (i < n) {
-      for (int c = 0; c < d_size; c += lanes) hn::StoreU(load_kv<KV>(d, k_rows[i] + c * esize), d, sc.tmp + c);
+      for (int c = 0; c < d_size; c += lanes)
+        hn::StoreU(load_kv<KV>(d, k_rows[i] + c * esize), d, sc.tmp + c);
       for (int e = 0; e < d_size; ++e) sc.kt[e * kTileKeys + i] = sc.tmp[e];
     } else {
       for (int e = 0; e < d_size; ++e) sc.kt[e * kTileKeys + i] = 0.0f;
@@ -120,7 +121,8 @@ struct Bf16Tiles;
 // the tile was converted into sc.vf. Full blocks of kRowBlock rows keep their
 // accumulators in registers (a runtime row count would spill them).
 template <DType KV, class D>
-HWY_INLINE hn::Vec<D> LoadV(D d, const Scratch& sc, const unsigned char* const* v_rows, int i, int c, int d_size) {
+HWY_INLINE hn::Vec<D> load_v(D d, const Scratch& sc, const unsigned char* const* v_rows, int i, int c,
+                             int d_size) {
   if (v_rows != nullptr) return load_kv<KV>(d, v_rows[i] + c * static_cast<int>(dtype_size(KV)));
   return hn::Load(d, sc.vf + i * d_size + c);
 }
@@ -146,7 +148,7 @@ void accumulate_pv(D d, const Scratch& sc, int rows, int d_size, int n, const un
       auto acc2 = hn::Mul(hn::Load(d, a[2] + c), alpha2);
       auto acc3 = hn::Mul(hn::Load(d, a[3] + c), alpha3);
       for (int i = 0; i < n; ++i) {
-        const auto v = LoadV<KV>(d, sc, v_rows, i, c, d_size);
+        const auto v = load_v<KV>(d, sc, v_rows, i, c, d_size);
         acc0 = hn::MulAdd(hn::Set(d, prob[0][i]), v, acc0);
         acc1 = hn::MulAdd(hn::Set(d, prob[1][i]), v, acc1);
         acc2 = hn::MulAdd(hn::Set(d, prob[2][i]), v, acc2);
@@ -164,7 +166,8 @@ void accumulate_pv(D d, const Scratch& sc, int rows, int d_size, int n, const un
     const auto alpha = hn::Set(d, sc.alpha[r0]);
     for (int c = 0; c < d_size; c += lanes) {
       auto acc = hn::Mul(hn::Load(d, a + c), alpha);
-      for (int i = 0; i < n; ++i) acc = hn::MulAdd(hn::Set(d, prob[i]), LoadV<KV>(d, sc, v_rows, i, c, d_size), acc);
+      for (int i = 0; i < n; ++i)
+        acc = hn::MulAdd(hn::Set(d, prob[i]), load_v<KV>(d, sc, v_rows, i, c, d_size), acc);
       hn::Store(acc, d, a + c);
     }
   }
@@ -213,7 +216,6 @@ void accumulate_pv_wide(D d, const Scratch& sc, int rows, int d_size, int n) {
   }
   if (r0 < rows) pv_wide_block<1>(d, sc, r0, d_size, n);
 }
-
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace pagedattn::cpu_attn::HWY_NAMESPACE

@@ -46,7 +46,8 @@ HWY_INLINE void transpose8x8(const __m256 (&in)[8], __m256 (&out)[8]) {
 // fifth of an AVX2 prefill tile; docs/cpu_attn.md). Keys past n repeat key
 // n - 1: the softmax masks their columns.
 template <DType KV>
-void transpose_k_tile(hn::Full256<float> d, const Scratch& sc, int d_size, int n, const unsigned char* const* k_rows) {
+void transpose_k_tile(hn::Full256<float> d, const Scratch& sc, int d_size, int n,
+                      const unsigned char* const* k_rows) {
   constexpr int kBlock = 8;
   const auto esize = static_cast<int>(dtype_size(KV));
   for (int i0 = 0; i0 < kTileKeys; i0 += kBlock) {

@@ -1,6 +1,6 @@
-// AVX-512's tile-loop micro-kernels: rowwise scores with one joint reduction
-// per four rows (scores_rowwise for the full 16-lane vector), and the
-// AVX512-BF16 transposed scores and P V (Bf16Tiles). Highway per-target
+// AVX-512's tile-loop micro-kernels: the rowwise scores' joint reduction of
+// four rows (store_row_sums for the full 16-lane vector), and the AVX512-BF16
+// transposed scores and P V (Bf16Tiles). Highway per-target
 // header; only the AVX3 pass compiles anything.
 #if defined(PAGEDATTN_CPU_ATTN_PREFILL_TILES_AVX512_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef PAGEDATTN_CPU_ATTN_PREFILL_TILES_AVX512_INL_H_
@@ -37,49 +37,24 @@ HWY_INLINE __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// Stores the four row sums into column i of the score tile (rows r0..r0+rb).
-HWY_INLINE void store_row_scores(const Scratch& sc, int r0, int rb, int i, __m128 sums) {
+// The rowwise scores' store of four rows' sums into column i of the score
+// tile (rows r0 .. r0 + rb), with one joint reduction (reduce4): the overload
+// of store_row_sums for the full 16-lane vector.
+HWY_INLINE void store_row_sums(hn::Full512<float>, const Scratch& sc, int r0, int rb, int i,
+                               const hn::Vec<hn::Full512<float>> (&acc)[kRowBlock]) {
   alignas(16) float v[kRowBlock];
-  _mm_store_ps(v, sums);
+  _mm_store_ps(v, reduce4(acc[0].raw, acc[1].raw, acc[2].raw, acc[3].raw));
   for (int r = 0; r < rb; ++r) sc.s[(r0 + r) * kTileKeys + i] = v[r];
 }
 
-// Rowwise scores with one joint reduction per four rows (fp32 FMA, any KV type;
-// head size a multiple of 16).
-template <DType KV>
-void scores_rowwise(hn::Full512<float> d, const Scratch& sc, int rows, int d_size, int n,
-                    const unsigned char* const* k_rows) {
-  const int lanes = static_cast<int>(hn::Lanes(d));
-  const auto esize = static_cast<int>(dtype_size(KV));
-  for (int i = 0; i < n; ++i) {
-    for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
-      const int rb = std::min(kRowBlock, rows - r0);
-      // Missing rows of a partial block reuse row r0 and are not stored.
-      const float* q[kRowBlock];
-      for (int r = 0; r < kRowBlock; ++r) q[r] = sc.q + (r0 + (r < rb ? r : 0)) * d_size;
-      hn::Vec<decltype(d)> a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-      for (int c = 0; c < d_size; c += lanes) {
-        const auto k = load_kv<KV>(d, k_rows[i] + c * esize);
-        a0 = hn::MulAdd(hn::Load(d, q[0] + c), k, a0);
-        a1 = hn::MulAdd(hn::Load(d, q[1] + c), k, a1);
-        a2 = hn::MulAdd(hn::Load(d, q[2] + c), k, a2);
-        a3 = hn::MulAdd(hn::Load(d, q[3] + c), k, a3);
-      }
-      store_row_scores(sc, r0, rb, i, reduce4(a0.raw, a1.raw, a2.raw, a3.raw));
-    }
-  }
-}
-
-
-
 // Transposed bf16 dot-product scores (prefills): the K tile is packed as bf16
 // pairs [D / 2, kTileKeys] so one broadcast query pair meets 16 keys.
-constexpr int kDotRowBlock = 8;     // 8 rows x 2 key vectors = 16 accumulators
-constexpr int kDotKeyVectors = 2;   // key vectors per pass over the head dimension
+constexpr int kDotRowBlock = 8;    // 8 rows x 2 key vectors = 16 accumulators
+constexpr int kDotKeyVectors = 2;  // key vectors per pass over the head dimension
 constexpr int kDotPassKeys = kDotKeyVectors * kFloatsPerVector;
 static_assert(kTileKeys % kDotPassKeys == 0, "score passes tile the key tile");
 inline PAGEDATTN_BF16_TARGET void scores_transposed_bf16(const Scratch& sc, int rows, int d_size, int n,
-                                                const unsigned char* const* k_rows, float scale) {
+                                                         const unsigned char* const* k_rows, float scale) {
   const int pairs = d_size / 2;
   auto* kt = reinterpret_cast<std::uint32_t*>(sc.kt);
   for (int i = 0; i < kTileKeys; ++i) {
@@ -119,8 +94,6 @@ inline PAGEDATTN_BF16_TARGET void scores_transposed_bf16(const Scratch& sc, int 
   }
 }
 
-
-
 // P V with vdpbf16ps for a bf16 V tile (prefills): V is packed as bf16 pairs
 // of consecutive keys [kTileKeys / 2, D] and each row's probabilities are
 // rounded to bf16 pairs, as FlashAttention does; half the instructions of the
@@ -135,7 +108,7 @@ HWY_INLINE std::uint32_t* prob_pairs_row(const Scratch& sc, int r) {
   return reinterpret_cast<std::uint32_t*>(sc.s + static_cast<std::size_t>(r) * kTileKeys);
 }
 inline PAGEDATTN_BF16_TARGET void accumulate_pv_bf16(const Scratch& sc, int rows, int d_size, int n,
-                                            const unsigned char* const* v_rows) {
+                                                     const unsigned char* const* v_rows) {
   // Pack: pair j holds keys 2j and 2j + 1 (a missing key reads as zero).
   auto* vp = reinterpret_cast<std::uint16_t*>(sc.vf);  // [kTileKeys / 2, D, 2]
   const __m512i lo_idx = key_pair_index();
@@ -146,7 +119,8 @@ inline PAGEDATTN_BF16_TARGET void accumulate_pv_bf16(const Scratch& sc, int rows
     const bool has_b = 2 * j + 1 < n;
     for (int c = 0; c < d_size; c += kBf16PerVector) {
       const __m512i va = _mm512_loadu_si512(a + c * sizeof(std::uint16_t));
-      const __m512i vb = has_b ? _mm512_loadu_si512(v_rows[2 * j + 1] + c * sizeof(std::uint16_t)) : _mm512_setzero_si512();
+      const __m512i vb =
+          has_b ? _mm512_loadu_si512(v_rows[2 * j + 1] + c * sizeof(std::uint16_t)) : _mm512_setzero_si512();
       std::uint16_t* dst = vp + (static_cast<std::size_t>(j) * d_size + c) * 2;
       _mm512_store_si512(dst, _mm512_permutex2var_epi16(va, lo_idx, vb));
       _mm512_store_si512(dst + kBf16PerVector, _mm512_permutex2var_epi16(va, hi_idx, vb));
@@ -158,7 +132,8 @@ inline PAGEDATTN_BF16_TARGET void accumulate_pv_bf16(const Scratch& sc, int rows
     const float* prob = sc.s + r * kTileKeys;
     std::uint32_t* pairs_row = prob_pairs_row(sc, r);
     for (int i = 0; i < kTileKeys; i += 2 * kFloatsPerVector) {
-      const __m512bh packed = _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + i + kFloatsPerVector), _mm512_load_ps(prob + i));
+      const __m512bh packed =
+          _mm512_cvtne2ps_pbh(_mm512_load_ps(prob + i + kFloatsPerVector), _mm512_load_ps(prob + i));
       _mm512_store_si512(pairs_row + i / 2, (__m512i)packed);
     }
   }

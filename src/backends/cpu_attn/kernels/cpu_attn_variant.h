@@ -32,9 +32,9 @@ enum class DecodeTiles : std::uint8_t {
 
 // The tile loop's score step.
 enum class TileScores : std::uint8_t {
-  kRowwise,          // dot products straight from the K rows (few rows)
-  kTransposed,       // a transposed fp32 K tile, no reductions (many rows)
-  kTransposedBf16,   // AVX512-BF16: the transposed tile as bf16 pairs
+  kRowwise,         // dot products straight from the K rows (few rows)
+  kTransposed,      // a transposed fp32 K tile, no reductions (many rows)
+  kTransposedBf16,  // AVX512-BF16: the transposed tile as bf16 pairs
 };
 
 // The tile loop's P V step.
