@@ -155,12 +155,7 @@ struct Problem {
   }
 
   static BuilderParams builder_params() {
-    BuilderParams bp;
-    bp.block_size = kBlockSize;
-    bp.num_kv_heads = kKvHeads;
-    bp.head_size = kHeadSize;
-    bp.num_heads = kHeads;
-    return bp;
+    return cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads);
   }
 
   // Output [T, H, D] of `query` ([T, H, D]) attended under `common` over
@@ -514,11 +509,7 @@ TEST(CpuAttnBackendTest, StagedNhdRowsReadNothingPastTheCache) {
   const KVCacheView hnd{view(hnd_key.data(), hnd_strides), view(hnd_value.data(), hnd_strides)};
 
   const AttentionImplParams params = bf16_layer(kHeads, kKvHeads, kHeadSize, CacheDType::Fp8E5M2);
-  BuilderParams bp;
-  bp.block_size = kBlockSize;
-  bp.num_kv_heads = kKvHeads;
-  bp.head_size = kHeadSize;
-  bp.num_heads = kHeads;
+  const BuilderParams bp = cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads);
   MetadataOptions options;
   options.block_size = kBlockSize;
   const std::vector<RequestSpec> decode{RequestSpec{1, kKeys, {0, 1, 2, 3}}};
@@ -665,12 +656,8 @@ struct PackedBatch {
   }
 
   Tensor forward(const AttentionBackend& backend, const AttentionImplParams& params, const KVCacheView& kv) const {
-    BuilderParams bp;
-    bp.block_size = kBlockSize;
-    bp.num_kv_heads = kKvHeads;
-    bp.head_size = kHeadSize;
-    bp.num_heads = kHeads;
-    const auto md = backend.make_builder(bp)->build(common);
+    const auto md =
+        backend.make_builder(cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads))->build(common);
     Tensor out = Tensor::zeros({query.size(0), kHeads, kHeadSize}, DType::BF16);
     backend.make_impl(params)->forward(layer, query, {}, {}, kv, *md, out, {});
     return out;

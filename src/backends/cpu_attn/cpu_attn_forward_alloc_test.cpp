@@ -97,13 +97,8 @@ AttentionImplParams layer_params(AttentionType type) {
   return params;
 }
 
-BuilderParams builder_params() {
-  BuilderParams bp;
-  bp.block_size = kBlockSize;
-  bp.num_kv_heads = kKvHeads;
-  bp.head_size = kHeadSize;
-  bp.num_heads = kHeads;
-  return bp;
+std::unique_ptr<AttentionMetadataBuilder> builder() {
+  return kBackend.make_builder(cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads));
 }
 
 // (query_len, seq_len) per request, each request on its own blocks.
@@ -126,7 +121,7 @@ CommonAttentionMetadata step(const std::vector<std::pair<int, int>>& requests, b
 void expect_no_allocation(const std::vector<std::pair<int, int>>& requests) {
   int blocks = 0;
   const CommonAttentionMetadata common = step(requests, true, blocks);
-  const auto md = kBackend.make_builder(builder_params())->build(common);
+  const auto md = builder()->build(common);
   const Tensor cache = Tensor::zeros(
       kBackend.kv_cache_shape(blocks, kBlockSize, kKvHeads, kHeadSize, CacheDType::Auto), DType::BF16);
   const KVCacheView kv = kBackend.unbind_kv_cache(cache);
@@ -151,7 +146,7 @@ TEST(CpuAttnForwardAllocTest, SplitDecodeAllocatesNothing) {
 TEST(CpuAttnForwardAllocTest, EncoderAllocatesNothing) {
   int blocks = 0;
   const CommonAttentionMetadata common = step({{30, 30}, {12, 12}}, false, blocks);
-  const auto md = kBackend.make_builder(builder_params())->build(common);
+  const auto md = builder()->build(common);
   const auto impl = kBackend.make_impl(layer_params(AttentionType::Encoder));
   const int tokens = common.num_actual_tokens;
   const Tensor query = Tensor::zeros({tokens, kHeads, kHeadSize}, DType::BF16);
@@ -169,8 +164,8 @@ TEST(CpuAttnForwardAllocTest, EncoderAllocatesNothing) {
 TEST(CpuAttnForwardAllocTest, CounterSeesTheBuilder) {
   int blocks = 0;
   const CommonAttentionMetadata common = step({{1, 40}}, true, blocks);
-  const auto builder = kBackend.make_builder(builder_params());
-  EXPECT_GT(allocations_during([&] { static_cast<void>(builder->build(common)); }), 0);
+  const auto step_builder = builder();
+  EXPECT_GT(allocations_during([&] { static_cast<void>(step_builder->build(common)); }), 0);
 }
 
 }  // namespace

@@ -189,20 +189,20 @@ AttentionParams layer(DType kv, int head_size) {
   return p;
 }
 
+ItemKernel decode(DecodeTiles tiles) { return {ItemAlgorithm::kDecode, tiles}; }
+ItemKernel tiles(TileScores scores, TilePv pv) { return {ItemAlgorithm::kTiles, DecodeTiles::kChunks, scores, pv}; }
+
 TEST(CpuAttnPlanTest, VariantNamesTheIsasKernels) {
   const KernelVariant bf16 = choose_kernel_variant(layer(DType::BF16, 128), Isa::Avx512Bf16);
   EXPECT_EQ(bf16.width, VectorWidth::kFull);
-  EXPECT_EQ(bf16.for_rows(4).algorithm, ItemAlgorithm::kDecode);
-  EXPECT_EQ(bf16.for_rows(4).decode_tiles, DecodeTiles::kBf16Dot);
-  EXPECT_EQ(bf16.for_rows(16).algorithm, ItemAlgorithm::kTiles);
-  EXPECT_EQ(bf16.for_rows(16).scores, TileScores::kTransposedBf16);
-  EXPECT_EQ(bf16.for_rows(16).pv, TilePv::kBf16);
+  EXPECT_EQ(bf16.for_rows(4), decode(DecodeTiles::kBf16Dot));
+  EXPECT_EQ(bf16.for_rows(16), tiles(TileScores::kTransposedBf16, TilePv::kBf16));
   EXPECT_TRUE(bf16.decode.far_stream);
   EXPECT_TRUE(bf16.decode.near_into_l2);  // 32 KiB units
   EXPECT_FALSE(bf16.decode.staged);
 
   const KernelVariant fp8 = choose_kernel_variant(layer(DType::FP8_E4M3, 128), Isa::Avx512Bf16);
-  EXPECT_EQ(fp8.for_rows(1).decode_tiles, DecodeTiles::kBf16Dot);
+  EXPECT_EQ(fp8.for_rows(1), decode(DecodeTiles::kBf16Dot));
   EXPECT_EQ(fp8.for_rows(32).scores, TileScores::kTransposed);
   EXPECT_TRUE(fp8.decode.near_into_l2);  // two 16 KiB units fill L1
   EXPECT_FALSE(choose_kernel_variant(layer(DType::FP8_E4M3, 64), Isa::Avx512Bf16).decode.near_into_l2);
@@ -213,12 +213,11 @@ TEST(CpuAttnPlanTest, VariantNamesTheIsasKernels) {
   EXPECT_FALSE(choose_kernel_variant(packed, Isa::Avx512).decode.packed_key_scores);
 
   const KernelVariant avx2 = choose_kernel_variant(layer(DType::FP8_E4M3, 128), Isa::Avx2);
-  EXPECT_EQ(avx2.for_rows(2).decode_tiles, DecodeTiles::kChunks);
-  EXPECT_EQ(avx2.for_rows(8).decode_tiles, DecodeTiles::kChunkQuads);
+  EXPECT_EQ(avx2.for_rows(2), decode(DecodeTiles::kChunks));
+  EXPECT_EQ(avx2.for_rows(8), decode(DecodeTiles::kChunkQuads));
   EXPECT_EQ(avx2.for_rows(64).pv, TilePv::kConvertedWide);
   EXPECT_FALSE(avx2.decode.far_stream);  // 1-byte K/V
-  EXPECT_EQ(choose_kernel_variant(layer(DType::F16, 128), Isa::Avx512).for_rows(8).decode_tiles,
-            DecodeTiles::kChunks);
+  EXPECT_EQ(choose_kernel_variant(layer(DType::F16, 128), Isa::Avx512).for_rows(8), decode(DecodeTiles::kChunks));
 }
 
 // Head sizes the chunks or the wide P V block do not divide take the tile
@@ -226,17 +225,13 @@ TEST(CpuAttnPlanTest, VariantNamesTheIsasKernels) {
 TEST(CpuAttnPlanTest, VariantFollowsTheHeadSize) {
   const KernelVariant d80 = choose_kernel_variant(layer(DType::BF16, 80), Isa::Avx512Bf16);
   EXPECT_EQ(d80.width, VectorWidth::kFull);
-  EXPECT_EQ(d80.for_rows(1).algorithm, ItemAlgorithm::kTiles);
-  EXPECT_EQ(d80.for_rows(1).scores, TileScores::kRowwise);
-  EXPECT_EQ(d80.for_rows(1).pv, TilePv::kRows);
-  EXPECT_EQ(d80.for_rows(16).scores, TileScores::kTransposed);
-  EXPECT_EQ(d80.for_rows(16).pv, TilePv::kConverted);
+  EXPECT_EQ(d80.for_rows(1), tiles(TileScores::kRowwise, TilePv::kRows));
+  EXPECT_EQ(d80.for_rows(16), tiles(TileScores::kTransposed, TilePv::kConverted));
   const KernelVariant d40 = choose_kernel_variant(layer(DType::F32, 40), Isa::Avx512);
   EXPECT_EQ(d40.width, VectorWidth::kEight);
   // 96: the bf16 scores, but neither the bf16 P V nor the wide block (128 each)
   const KernelVariant d96 = choose_kernel_variant(layer(DType::BF16, 96), Isa::Avx512Bf16);
-  EXPECT_EQ(d96.for_rows(20).scores, TileScores::kTransposedBf16);
-  EXPECT_EQ(d96.for_rows(20).pv, TilePv::kConverted);
+  EXPECT_EQ(d96.for_rows(20), tiles(TileScores::kTransposedBf16, TilePv::kConverted));
   AttentionParams nhd = layer(DType::BF16, 128);
   nhd.key_cache.slot_stride = nhd.value_cache.slot_stride = 8 * 128;
   EXPECT_TRUE(choose_kernel_variant(nhd, Isa::Avx2).decode.staged);

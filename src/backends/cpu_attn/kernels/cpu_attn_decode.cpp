@@ -186,10 +186,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace pagedattn::cpu_attn {
 
-RunItemFn decode_entry_for(Isa isa) {
-  return entry_for<RunItemFn>(isa, HWY_CHOOSE_AVX3(run_decode_item), HWY_CHOOSE_AVX2(run_decode_item),
-                              &N_SCALAR::run_decode_item);
-}
+RunItemFn decode_entry_for(Isa isa) { return PAGEDATTN_CPU_ATTN_ENTRY(run_decode_item, isa); }
 
 }  // namespace pagedattn::cpu_attn
 #endif  // HWY_ONCE

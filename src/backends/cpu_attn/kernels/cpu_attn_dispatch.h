@@ -122,6 +122,10 @@ RunMergeFn merge_entry_for(Isa isa);
 
 // A unit's entry for `isa` among its per-target ones (HWY_CHOOSE_AVX3 and
 // HWY_CHOOSE_AVX2 give null for a target not compiled; isa_compiled says so).
+// PAGEDATTN_CPU_ATTN_ENTRY(fn, isa) picks the unit's per-target function `fn`
+// (in the unit's HWY_ONCE part, where the N_<TARGET> namespaces are named).
+#define PAGEDATTN_CPU_ATTN_ENTRY(fn, isa) \
+  entry_for<decltype(&N_SCALAR::fn)>(isa, HWY_CHOOSE_AVX3(fn), HWY_CHOOSE_AVX2(fn), &N_SCALAR::fn)
 template <class Fn>
 Fn entry_for(Isa isa, Fn avx3, Fn avx2, Fn scalar) {
   switch (isa) {

@@ -4,9 +4,11 @@
 // a tile is loaded and dequantized once per group.
 //
 // Raw pointers and POD params only (no core headers): the backend validates
-// every argument and builds the work list before calling in. SIMD code is
-// compiled once per Highway target (AVX-512, AVX2, portable scalar) and
-// chosen at run time (cpu_attn_isa.h).
+// every argument, builds the work list and chooses the kernel variant
+// (cpu_attn_variant.h) before calling in. SIMD code is compiled once per
+// Highway target (AVX-512, AVX2, portable scalar), one unit per algorithm
+// (cpu_attn_decode.cpp, cpu_attn_prefill.cpp, cpu_attn_merge.cpp), and the
+// target is chosen at run time (cpu_attn_isa.h).
 #pragma once
 
 #include <pagedattn/kv_packing.h>

@@ -62,10 +62,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace pagedattn::cpu_attn {
 
-RunMergeFn merge_entry_for(Isa isa) {
-  return entry_for<RunMergeFn>(isa, HWY_CHOOSE_AVX3(merge_splits), HWY_CHOOSE_AVX2(merge_splits),
-                               &N_SCALAR::merge_splits);
-}
+RunMergeFn merge_entry_for(Isa isa) { return PAGEDATTN_CPU_ATTN_ENTRY(merge_splits, isa); }
 
 bool isa_compiled(Isa isa) {
   switch (isa) {

@@ -136,10 +136,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace pagedattn::cpu_attn {
 
-RunItemFn tiles_entry_for(Isa isa) {
-  return entry_for<RunItemFn>(isa, HWY_CHOOSE_AVX3(run_tiles_item), HWY_CHOOSE_AVX2(run_tiles_item),
-                              &N_SCALAR::run_tiles_item);
-}
+RunItemFn tiles_entry_for(Isa isa) { return PAGEDATTN_CPU_ATTN_ENTRY(run_tiles_item, isa); }
 
 }  // namespace pagedattn::cpu_attn
 #endif  // HWY_ONCE

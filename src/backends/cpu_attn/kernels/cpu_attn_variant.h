@@ -50,6 +50,8 @@ struct ItemKernel {
   DecodeTiles decode_tiles = DecodeTiles::kChunks;  // kDecode
   TileScores scores = TileScores::kRowwise;         // kTiles
   TilePv pv = TilePv::kRows;                        // kTiles
+
+  bool operator==(const ItemKernel&) const = default;
 };
 
 // How the decode walk reads and prefetches the cache.
