@@ -15,7 +15,7 @@ namespace pagedattn::cpu_attn {
 // Keys per tile: four AVX-512 float vectors, so a score row of a tile fills
 // whole vectors on every target (scalar 1 lane, AVX2 8, AVX-512 16). 64
 // rather than 32 halves the per-tile work of the decode passes (the P V
-// accumulators' load and store, the softmax's row state; docs/perf-log/).
+// accumulators' load and store, the softmax's row state; docs/cpu_attn.md).
 inline constexpr int kTileKeys = 64;
 // Head sizes are multiples of this (the backend's head_size_rule).
 inline constexpr int kMinHeadSizeMultiple = 8;
