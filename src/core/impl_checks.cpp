@@ -71,6 +71,8 @@ void check_impl_params(std::string_view where, const AttentionImplParams& p) {
   }
 }
 
+// The checks format their messages only on failure: forward calls run them
+// for every layer and allocate nothing when the arguments are right.
 ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& p, Device device,
                                 const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                                 const TensorView& value, const KVCacheView& kv_cache,

@@ -23,20 +23,24 @@ std::span<const std::int32_t> host_i32(const Tensor& t) {
   return {static_cast<const std::int32_t*>(t.data()), static_cast<std::size_t>(t.numel())};
 }
 
-// The slot mapping lives on the compute device and may be strided; validation
-// reads it element by element (through a host copy for device tensors).
-std::vector<std::int64_t> slots_on_host(const TensorView& slot_mapping) {
+// The slot mapping lives on the compute device and may be strided: f(i,
+// slot) for each slot, read in place on the CPU (validation runs on every
+// forward call, which allocates nothing there) and through a host copy for
+// device tensors.
+template <class F>
+void for_each_slot(const TensorView& slot_mapping, F&& f) {
   const std::int64_t n = slot_mapping.size(0);
-  std::vector<std::int64_t> slots(static_cast<std::size_t>(n));
   if (slot_mapping.device().is_cpu()) {
     const auto* base = static_cast<const std::int64_t*>(slot_mapping.data());
-    for (std::int64_t i = 0; i < n; ++i)
-      slots[static_cast<std::size_t>(i)] = base[i * slot_mapping.stride(0)];
-  } else {
-    const std::vector<std::uint8_t> bytes = to_byte_vector(slot_mapping);
-    std::memcpy(slots.data(), bytes.data(), bytes.size());
+    for (std::int64_t i = 0; i < n; ++i) f(i, base[i * slot_mapping.stride(0)]);
+    return;
   }
-  return slots;
+  const std::vector<std::uint8_t> bytes = to_byte_vector(slot_mapping);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t slot = 0;
+    std::memcpy(&slot, bytes.data() + static_cast<std::size_t>(i) * sizeof(slot), sizeof(slot));
+    f(i, slot);
+  }
 }
 
 void check_tensor(std::string_view where, const Tensor& t, std::string_view name, DType dtype, int rank,
@@ -52,7 +56,7 @@ void check_tensor(std::string_view where, const Tensor& t, std::string_view name
 void check_host_tensor(std::string_view where, const Tensor& t, std::string_view name, int rank) {
   check_tensor(where, t, name, DType::I32, rank, Device::cpu());
   if (rank == 1) {
-    check_arg(t.is_contiguous(), where, name, "contiguous", t.describe());
+    if (!t.is_contiguous()) throw_invalid(where, name, "contiguous", t.describe());
   } else {
     check_last_dim_contiguous(t, where, name);
   }
@@ -60,8 +64,9 @@ void check_host_tensor(std::string_view where, const Tensor& t, std::string_view
 
 void check_same_shape(std::string_view where, const Tensor& host, const Tensor& device_copy,
                       std::string_view host_name) {
-  check_arg(host.shape() == device_copy.shape(), where, fmt::format("{} shape", host_name),
-            device_copy.shape().str(), host.shape().str());
+  if (host.shape() != device_copy.shape()) {
+    throw_invalid(where, fmt::format("{} shape", host_name), device_copy.shape().str(), host.shape().str());
+  }
 }
 
 Tensor to_compute_device(const Tensor& host, Device device) {
@@ -300,16 +305,14 @@ StepFacts CommonAttentionMetadata::validate(std::string_view where, std::int64_t
          std::to_string(slot_mapping.size(0)));
   }
   if (num_blocks > 0) {
-    const std::vector<std::int64_t> slots = slots_on_host(slot_mapping);
-    for (std::size_t i = 0; i < slots.size(); ++i) {
+    for_each_slot(slot_mapping, [&](std::int64_t i, std::int64_t slot) {
       // Slot s lies in block s / block_size: comparing that block with
       // num_blocks cannot overflow, unlike num_blocks * block_size.
-      if (slots[i] != kPadSlotId && (slots[i] < 0 || slots[i] / block_size >= num_blocks)) {
+      if (slot != kPadSlotId && (slot < 0 || slot / block_size >= num_blocks)) {
         fail(fmt::format("slot_mapping[{}]", i),
-             fmt::format("{} or in [0, {})", kPadSlotId, slot_bound(num_blocks, block_size)),
-             std::to_string(slots[i]));
+             fmt::format("{} or in [0, {})", kPadSlotId, slot_bound(num_blocks, block_size)), std::to_string(slot));
       }
-    }
+    });
   }
   return facts;
 }

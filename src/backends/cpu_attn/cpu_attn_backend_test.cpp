@@ -33,19 +33,9 @@ namespace {
 
 const CpuAttnBackend kBackend;
 
+using cpu_attn_test::bf16_layer;
 using cpu_attn_test::for_each_isa;
 
-// The impl arguments of a bf16 decoder layer with a `cache` KV cache.
-AttentionImplParams bf16_layer(int heads, int kv_heads, int head_size, CacheDType cache) {
-  AttentionImplParams params;
-  params.num_heads = heads;
-  params.num_kv_heads = kv_heads;
-  params.head_size = head_size;
-  params.scale = 0.125f;
-  params.dtype = DType::BF16;
-  params.kv_cache_dtype = cache;
-  return params;
-}
 
 TEST(CpuAttnBackendTest, CapabilitiesAndReasons) {
   SelectorConfig cfg;
@@ -164,11 +154,7 @@ struct Problem {
   }
 
   static BuilderParams builder_params() {
-    BuilderParams bp;
-    bp.block_size = kBlockSize;
-    bp.num_kv_heads = kKvHeads;
-    bp.head_size = kHeadSize;
-    return bp;
+    return cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads);
   }
 
   // Output [T, H, D] of `query` ([T, H, D]) attended under `common` over
@@ -522,10 +508,7 @@ TEST(CpuAttnBackendTest, StagedNhdRowsReadNothingPastTheCache) {
   const KVCacheView hnd{view(hnd_key.data(), hnd_strides), view(hnd_value.data(), hnd_strides)};
 
   const AttentionImplParams params = bf16_layer(kHeads, kKvHeads, kHeadSize, CacheDType::Fp8E5M2);
-  BuilderParams bp;
-  bp.block_size = kBlockSize;
-  bp.num_kv_heads = kKvHeads;
-  bp.head_size = kHeadSize;
+  const BuilderParams bp = cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads);
   MetadataOptions options;
   options.block_size = kBlockSize;
   const std::vector<RequestSpec> decode{RequestSpec{1, kKeys, {0, 1, 2, 3}}};
@@ -570,6 +553,25 @@ TEST(CpuAttnBackendTest, RejectsBadArgumentsBeforeWriting) {
   AttentionImplParams bad = pr.params;
   bad.head_size = 36;
   EXPECT_THROW(kBackend.make_impl(bad), Error);
+}
+
+// The builder sizes the step's workspace from its num_heads: it needs one, and
+// a layer with more query heads than the builder was told is rejected before
+// anything is written.
+TEST(CpuAttnBackendTest, WorkspaceFollowsTheBuilderParams) {
+  BuilderParams unknown_heads = Problem::builder_params();
+  unknown_heads.num_heads = 0;
+  EXPECT_THROW(kBackend.make_builder(unknown_heads), Error);
+
+  Problem pr;
+  BuilderParams fewer_heads = Problem::builder_params();
+  fewer_heads.num_heads = Problem::kKvHeads;
+  const auto md = kBackend.make_builder(fewer_heads)->build(pr.metadata({{20, 20}, {1, Problem::kLongDecodeKeys}}));
+  Tensor out = Tensor::zeros({21, Problem::kHeads, Problem::kHeadSize}, DType::BF16);
+  const Tensor query = pr.random_tensor({21, Problem::kHeads, Problem::kHeadSize});
+  EXPECT_THROW(kBackend.make_impl(pr.params)->forward(LayerQuantState{}, query, {}, {}, pr.kv, *md, out, {}), Error);
+  const auto zeros = to_byte_vector(out);
+  EXPECT_TRUE(std::all_of(zeros.begin(), zeros.end(), [](std::uint8_t b) { return b == 0; }));
 }
 
 // ---- a Keys16-packed K (kv_packing.h) ------------------------------------------------
@@ -653,11 +655,8 @@ struct PackedBatch {
   }
 
   Tensor forward(const AttentionBackend& backend, const AttentionImplParams& params, const KVCacheView& kv) const {
-    BuilderParams bp;
-    bp.block_size = kBlockSize;
-    bp.num_kv_heads = kKvHeads;
-    bp.head_size = kHeadSize;
-    const auto md = backend.make_builder(bp)->build(common);
+    const auto md =
+        backend.make_builder(cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads))->build(common);
     Tensor out = Tensor::zeros({query.size(0), kHeads, kHeadSize}, DType::BF16);
     backend.make_impl(params)->forward(layer, query, {}, {}, kv, *md, out, {});
     return out;

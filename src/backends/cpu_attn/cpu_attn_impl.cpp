@@ -5,43 +5,18 @@
 #include <pagedattn/ops.h>
 
 #include "backends/cpu_attn/cpu_attn_metadata.h"
+#include "backends/cpu_attn/cpu_attn_plan.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
 #include "backends/cpu_attn/thread_pool.h"
 
-#include <atomic>
 #include <cstdlib>
-#include <memory>
-#include <new>
 
 namespace pagedattn {
 
 namespace {
 
 constexpr std::string_view kWhere = "CPU_ATTN forward";
-
-// Grow-only, aligned per-thread buffer: after the first steps forward
-// allocates nothing. Returns null when an allocation fails.
-class Arena {
- public:
-  void* ensure(std::size_t bytes) {
-    if (bytes <= size_) return data_.get();
-    data_.reset(static_cast<unsigned char*>(
-        ::operator new[](bytes, std::align_val_t{cpu_attn::kScratchAlignment}, std::nothrow)));
-    size_ = data_ ? bytes : 0;
-    return data_.get();
-  }
-
- private:
-  struct Free {
-    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{cpu_attn::kScratchAlignment}); }
-  };
-  std::unique_ptr<unsigned char[], Free> data_;
-  std::size_t size_ = 0;
-};
-
-thread_local Arena tl_scratch;   // one work item's tiles, per executing thread
-thread_local Arena tl_partials;  // split partials of the calling thread's forward
 
 cpu_attn::RowsOperand rows_operand(const TensorView& t) {  // [T, H, D]
   return {t.data(), t.dtype(), t.stride(0), t.stride(1)};
@@ -150,28 +125,20 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
     p.lse_token_stride = lse.stride(1);
   }
 
+  // The metadata's workspace, sized by the builder for its largest layer.
+  const cpu_attn::Workspace& workspace = *md.workspace;
   const int group = num_heads / kv_heads;
-  const std::size_t scratch =
-      cpu_attn::scratch_bytes(head_size, plan.max_item_tokens * group, plan.max_item_kv_heads);
-  const std::size_t partial_bytes = static_cast<std::size_t>(plan.partial_tokens) * static_cast<std::size_t>(group) *
-                                    cpu_attn::partial_row_floats(head_size) * sizeof(float);
-  const cpu_attn::PartialState partials{static_cast<float*>(tl_partials.ensure(partial_bytes)), group};
-  if (partial_bytes > 0 && partials.data == nullptr) {
-    throw Error(ErrorKind::OutOfMemory, fmt::format("{}: {} bytes of split-KV partials", kWhere, partial_bytes));
+  if (!workspace.size().holds(cpu_attn::plan_workspace(plan, head_size, group, 1))) {
+    throw_invalid(kWhere, "metadata", "a builder whose num_heads and head_size cover the layer's",
+                  fmt::format("num_heads {}, head_size {}", num_heads, head_size));
   }
-  std::atomic<bool> out_of_memory{false};
+  const cpu_attn::Workspace::Use use(workspace);
+  const cpu_attn::PartialState partials{workspace.partials(), group};
+  const cpu_attn::KernelVariant variant = cpu_attn::choose_kernel_variant(p, cpu_attn::active_isa());
   cpu_attn::ThreadPool& pool = cpu_attn::ThreadPool::instance();
-  pool.run(static_cast<int>(plan.items.size()), [&](int i) {
-    void* buffer = tl_scratch.ensure(scratch);
-    if (buffer == nullptr) {
-      out_of_memory.store(true);
-      return;
-    }
-    cpu_attn::run_work_item(p, plan.items[static_cast<std::size_t>(i)], partials, buffer);
+  pool.run_slots(static_cast<int>(plan.items.size()), workspace.size().thread_slots, [&](int i, int slot) {
+    cpu_attn::run_work_item(p, variant, plan.items[static_cast<std::size_t>(i)], partials, workspace.scratch(slot));
   });
-  if (out_of_memory.load()) {
-    throw Error(ErrorKind::OutOfMemory, fmt::format("{}: {} bytes of per-thread scratch", kWhere, scratch));
-  }
   pool.run(static_cast<int>(plan.merges.size()),
            [&](int i) { cpu_attn::run_merge_item(p, plan.merges[static_cast<std::size_t>(i)], partials); });
 }

@@ -1,4 +1,5 @@
-// CPU_ATTN's per-step metadata (the plan) and its builder.
+// CPU_ATTN's per-step metadata (the plan and the workspace sized for it) and
+// its builder.
 #pragma once
 
 #include <pagedattn/backend/backend.h>
@@ -12,6 +13,10 @@ namespace pagedattn {
 struct CpuAttnMetadata final : BackendMetadata {
   cpu_attn::WorkPlan plan;
   int num_kv_heads = 0;  // the plan's KV-head count (from the builder params)
+  // Sized for the builder's num_heads and head_size on the pool's threads; a
+  // forward call works in it and allocates nothing. Not part of the
+  // metadata's value: one forward call at a time writes it.
+  std::unique_ptr<cpu_attn::Workspace> workspace;
 };
 
 class CpuAttnMetadataBuilder final : public AttentionMetadataBuilder {

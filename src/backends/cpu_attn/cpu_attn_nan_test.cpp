@@ -116,10 +116,7 @@ TEST(CpuAttnNanRule, RowWithoutVisibleKeysIsZeroWithMinusInfLse) {
       if (sinks) params.sinks.assign(kHeads, 1.0f);
       MetadataOptions options;
       options.block_size = kBlockSize;
-      BuilderParams bp;
-      bp.block_size = kBlockSize;
-      bp.num_kv_heads = kKvHeads;
-      bp.head_size = kHeadSize;
+      const BuilderParams bp = cpu_attn_test::builder_params(kBlockSize, kKvHeads, kHeadSize, kHeads);
       const Tensor storage = Tensor::zeros(
           kBackend.kv_cache_shape(kBlocks, kBlockSize, kKvHeads, kHeadSize, CacheDType::Auto), dtype);
       const KVCacheView cache = kBackend.unbind_kv_cache(storage);

@@ -1,5 +1,7 @@
 #include "backends/cpu_attn/cpu_attn_plan.h"
 
+#include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
+
 #include <algorithm>
 #include <numeric>
 
@@ -30,7 +32,86 @@ int split_key(int s, int keys) {
   return static_cast<int>(std::min<std::int64_t>(keys, static_cast<std::int64_t>(s) * kSplitKeys));
 }
 
+// Float vectors one chunk-tile load of `kv` yields (1: head-dimension order):
+// bf16 as even / odd halves, e4m3 as four byte positions where the target reads
+// it as float bits.
+int chunk_ways(DType kv, const TargetShape& target) {
+  if (kv == DType::BF16) return 2;
+  return kv == DType::FP8_E4M3 && target.e4m3_as_float_bits ? 4 : 1;
+}
+
+// Whether K or V rows of one KV head are not adjacent in memory (NHD caches
+// with several KV heads, or strided new keys).
+bool rows_scattered(const AttentionParams& p) {
+  const int d = p.head_size;
+  if (p.key_source == KeySource::DenseRows) return p.key.row_stride != d || p.value.row_stride != d;
+  return p.key_cache.slot_stride != d || p.value_cache.slot_stride != d;
+}
+
 }  // namespace
+
+WorkspaceSize plan_workspace(const WorkPlan& plan, int head_size, int group, int thread_slots) {
+  WorkspaceSize size;
+  size.scratch_bytes = scratch_bytes(head_size, plan.max_item_tokens * group, plan.max_item_kv_heads);
+  size.thread_slots = thread_slots;
+  size.partial_floats = static_cast<std::size_t>(plan.partial_tokens) * static_cast<std::size_t>(group) *
+                        partial_row_floats(head_size);
+  return size;
+}
+
+KernelVariant choose_kernel_variant(const AttentionParams& p, Isa isa) {
+  const TargetShape target = target_shape(isa);
+  const int d = p.head_size;
+  const DType kv = p.kv_dtype;
+  KernelVariant v;
+  v.kv_dtype = kv;
+  v.width = d % target.full_lanes == 0 ? VectorWidth::kFull : VectorWidth::kEight;
+  const int lanes = v.width == VectorWidth::kFull ? target.full_lanes : kMinHeadSizeMultiple;
+  const bool bf16_dot = isa == Isa::Avx512Bf16 && p.query.dtype == DType::BF16;
+
+  // Few rows: the AVX512-BF16 decode tiles (a rowwise vdpbf16ps loop measured
+  // slower than fp32; converting whole 64-value chunks and pairing V keys is
+  // what makes them pay, docs/cpu_attn.md), else the chunk tiles where their
+  // blocks divide the head size, else the tile loop's rowwise scores.
+  const bool decode_dot = bf16_dot && (kv == DType::BF16 || kv == DType::FP8_E4M3) && d % kDecodeDotChunk == 0;
+  const bool chunked = d % (std::max(2, chunk_ways(kv, target)) * lanes) == 0;
+  if (decode_dot || chunked) {
+    v.few_rows.algorithm = ItemAlgorithm::kDecode;
+    v.few_rows.decode_tiles = decode_dot ? DecodeTiles::kBf16Dot : DecodeTiles::kChunks;
+    v.few_rows_by_four = v.few_rows;
+    if (!decode_dot && target.chunk_quads) v.few_rows_by_four.decode_tiles = DecodeTiles::kChunkQuads;
+  } else {
+    v.few_rows = ItemKernel{ItemAlgorithm::kTiles, DecodeTiles::kChunks, TileScores::kRowwise, TilePv::kRows};
+    v.few_rows_by_four = v.few_rows;
+  }
+
+  // Many rows: the transposed K tile, as bf16 pairs with AVX512-BF16 and bf16
+  // keys; V converted once per tile.
+  const bool bf16_tiles = bf16_dot && kv == DType::BF16;
+  v.many_rows.algorithm = ItemAlgorithm::kTiles;
+  v.many_rows.scores = bf16_tiles && d % kBf16ScoresDimMultiple == 0 ? TileScores::kTransposedBf16
+                                                                      : TileScores::kTransposed;
+  if (v.many_rows.scores == TileScores::kTransposedBf16 && d % kBf16PvDimMultiple == 0) {
+    v.many_rows.pv = TilePv::kBf16;
+  } else {
+    v.many_rows.pv = d % (target.wide_pv_vectors * lanes) == 0 ? TilePv::kConvertedWide : TilePv::kConverted;
+  }
+
+  // The decode walk's streams. The chunk tiles take the far stream for 2- and
+  // 4-byte K/V only (with 1-byte K/V it measured slower); the AVX512-BF16
+  // tiles prefetch the next unit into L1 only when it and the unit computed
+  // take at most half of L1 (bf16 units at head size 128 evicted the unit
+  // computed, and the L2 hint measured faster; with 64-key tiles so did e4m3
+  // units of 16 KiB; docs/cpu_attn.md).
+  const std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_size(kv);
+  const std::size_t unit_bytes = 2 * kTileKeys * row_bytes;
+  v.decode.staged = rows_scattered(p);
+  v.decode.packed_key_scores = decode_dot && kv == DType::FP8_E4M3 && p.key_source == KeySource::PagedCache &&
+                               p.key_cache.packing != KeyPacking::None;
+  v.decode.far_stream = decode_dot || dtype_size(kv) > 1;
+  v.decode.near_into_l2 = decode_dot && 2 * unit_bytes > kL1DataBytes / 2;
+  return v;
+}
 
 WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
                         int num_kv_heads, bool causal, int min_items) {

@@ -1,10 +1,14 @@
-// The CPU_ATTN step plan: the work list the metadata builder makes once per
-// step and every layer's forward runs. A pure function of the batch shape:
-// tile sizes and split points are fixed constants, so a request's result never
-// depends on the other requests in the batch or on the thread count (the
-// backend's determinism and batch-invariance claims rest on this).
+// The CPU_ATTN plan. The work list (make_work_plan), which the metadata
+// builder makes once per step and every layer's forward runs: a pure function
+// of the batch shape (tile sizes and split points are fixed constants, so a
+// request's result never depends on the other requests in the batch or on the
+// thread count; the backend's determinism and batch-invariance claims rest on
+// this). And which kernel runs each item (choose_kernel_variant), chosen once
+// per forward call from the layer, the cache and the ISA.
 #pragma once
 
+#include "backends/cpu_attn/cpu_attn_workspace.h"
+#include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
 
 #include <cstdint>
@@ -23,7 +27,7 @@ inline constexpr int kSplitMaxQueryTokens = 8;
 // and a 2k one (the conformance grid's longest) still splits in two; large
 // enough that what each split costs (item setup, its first tile's cold
 // reads, its share of the merge) stays small: at 1024 it measured 5-10% of
-// an 8k decode (docs/perf.md, attempt 30).
+// an 8k decode (docs/cpu_attn.md).
 inline constexpr int kSplitKeys = 1536;
 
 struct WorkPlan {
@@ -40,5 +44,14 @@ struct WorkPlan {
 // head-major cache; the grouping changes no result, only the order of reads.
 WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
                         int num_kv_heads, bool causal, int min_items);
+
+// The workspace a forward call of `plan` needs for a layer of `head_size` and
+// `group` query heads per KV head, on `thread_slots` threads.
+WorkspaceSize plan_workspace(const WorkPlan& plan, int head_size, int group, int thread_slots);
+
+// The kernels `isa` runs the items of a forward call with: `params` as the
+// kernel will read them (dtypes, head size, K/V source, strides, K packing).
+// Only kernels that `isa` compiles and runs are named.
+KernelVariant choose_kernel_variant(const AttentionParams& params, Isa isa);
 
 }  // namespace pagedattn::cpu_attn

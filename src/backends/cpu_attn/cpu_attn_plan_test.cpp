@@ -176,5 +176,79 @@ TEST(CpuAttnPlanTest, GroupedSplitItemsWriteTheSlotsTheirMergesRead) {
   }
 }
 
+// A bf16 decoder layer over an HND cache (one KV head's rows adjacent).
+AttentionParams layer(DType kv, int head_size) {
+  AttentionParams p;
+  p.num_heads = 32;
+  p.num_kv_heads = 8;
+  p.head_size = head_size;
+  p.query.dtype = DType::BF16;
+  p.kv_dtype = kv;
+  p.key_cache.slot_stride = head_size;
+  p.value_cache.slot_stride = head_size;
+  return p;
+}
+
+ItemKernel decode(DecodeTiles tiles) { return {ItemAlgorithm::kDecode, tiles}; }
+ItemKernel tiles(TileScores scores, TilePv pv) { return {ItemAlgorithm::kTiles, DecodeTiles::kChunks, scores, pv}; }
+
+TEST(CpuAttnPlanTest, VariantNamesTheIsasKernels) {
+  const KernelVariant bf16 = choose_kernel_variant(layer(DType::BF16, 128), Isa::Avx512Bf16);
+  EXPECT_EQ(bf16.width, VectorWidth::kFull);
+  EXPECT_EQ(bf16.for_rows(4), decode(DecodeTiles::kBf16Dot));
+  EXPECT_EQ(bf16.for_rows(16), tiles(TileScores::kTransposedBf16, TilePv::kBf16));
+  EXPECT_TRUE(bf16.decode.far_stream);
+  EXPECT_TRUE(bf16.decode.near_into_l2);  // 32 KiB units
+  EXPECT_FALSE(bf16.decode.staged);
+
+  const KernelVariant fp8 = choose_kernel_variant(layer(DType::FP8_E4M3, 128), Isa::Avx512Bf16);
+  EXPECT_EQ(fp8.for_rows(1), decode(DecodeTiles::kBf16Dot));
+  EXPECT_EQ(fp8.for_rows(32).scores, TileScores::kTransposed);
+  EXPECT_TRUE(fp8.decode.near_into_l2);  // two 16 KiB units fill L1
+  EXPECT_FALSE(choose_kernel_variant(layer(DType::FP8_E4M3, 64), Isa::Avx512Bf16).decode.near_into_l2);
+  EXPECT_FALSE(fp8.decode.packed_key_scores);
+  AttentionParams packed = layer(DType::FP8_E4M3, 128);
+  packed.key_cache.packing = KeyPacking::Keys16;
+  EXPECT_TRUE(choose_kernel_variant(packed, Isa::Avx512Bf16).decode.packed_key_scores);
+  EXPECT_FALSE(choose_kernel_variant(packed, Isa::Avx512).decode.packed_key_scores);
+
+  const KernelVariant avx2 = choose_kernel_variant(layer(DType::FP8_E4M3, 128), Isa::Avx2);
+  EXPECT_EQ(avx2.for_rows(2), decode(DecodeTiles::kChunks));
+  EXPECT_EQ(avx2.for_rows(8), decode(DecodeTiles::kChunkQuads));
+  EXPECT_EQ(avx2.for_rows(64).pv, TilePv::kConvertedWide);
+  EXPECT_FALSE(avx2.decode.far_stream);  // 1-byte K/V
+  EXPECT_EQ(choose_kernel_variant(layer(DType::F16, 128), Isa::Avx512).for_rows(8), decode(DecodeTiles::kChunks));
+}
+
+// Head sizes the chunks or the wide P V block do not divide take the tile
+// loop's other kernels; 8-lane vectors where the full width does not divide.
+TEST(CpuAttnPlanTest, VariantFollowsTheHeadSize) {
+  const KernelVariant d80 = choose_kernel_variant(layer(DType::BF16, 80), Isa::Avx512Bf16);
+  EXPECT_EQ(d80.width, VectorWidth::kFull);
+  EXPECT_EQ(d80.for_rows(1), tiles(TileScores::kRowwise, TilePv::kRows));
+  EXPECT_EQ(d80.for_rows(16), tiles(TileScores::kTransposed, TilePv::kConverted));
+  const KernelVariant d40 = choose_kernel_variant(layer(DType::F32, 40), Isa::Avx512);
+  EXPECT_EQ(d40.width, VectorWidth::kEight);
+  // 96: the bf16 scores, but neither the bf16 P V nor the wide block (128 each)
+  const KernelVariant d96 = choose_kernel_variant(layer(DType::BF16, 96), Isa::Avx512Bf16);
+  EXPECT_EQ(d96.for_rows(20), tiles(TileScores::kTransposedBf16, TilePv::kConverted));
+  AttentionParams nhd = layer(DType::BF16, 128);
+  nhd.key_cache.slot_stride = nhd.value_cache.slot_stride = 8 * 128;
+  EXPECT_TRUE(choose_kernel_variant(nhd, Isa::Avx2).decode.staged);
+}
+
+TEST(CpuAttnPlanTest, WorkspaceHoldsTheSplitPartials) {
+  Batch b;
+  b.add(1, 5000);
+  b.add(20, 20);
+  const WorkPlan plan = b.plan(2);
+  const WorkspaceSize size = plan_workspace(plan, 64, 4, 3);
+  EXPECT_EQ(size.thread_slots, 3);
+  EXPECT_EQ(size.partial_floats, static_cast<std::size_t>(plan.partial_tokens) * 4 * partial_row_floats(64));
+  EXPECT_EQ(size.scratch_bytes, scratch_bytes(64, kQueryTileTokens * 4, plan.max_item_kv_heads));
+  EXPECT_TRUE(size.holds(plan_workspace(plan, 64, 2, 1)));
+  EXPECT_FALSE(size.holds(plan_workspace(plan, 64, 8, 1)));
+}
+
 }  // namespace
 }  // namespace pagedattn::cpu_attn

@@ -11,6 +11,27 @@
 
 namespace pagedattn::cpu_attn_test {
 
+// The impl arguments of a bf16 decoder layer with a `cache` KV cache.
+AttentionImplParams bf16_layer(int heads, int kv_heads, int head_size, CacheDType cache) {
+  AttentionImplParams params;
+  params.num_heads = heads;
+  params.num_kv_heads = kv_heads;
+  params.head_size = head_size;
+  params.scale = 0.125f;
+  params.dtype = DType::BF16;
+  params.kv_cache_dtype = cache;
+  return params;
+}
+
+BuilderParams builder_params(int block_size, int kv_heads, int head_size, int heads) {
+  BuilderParams bp;
+  bp.block_size = block_size;
+  bp.num_kv_heads = kv_heads;
+  bp.head_size = head_size;
+  bp.num_heads = heads;
+  return bp;
+}
+
 namespace {
 
 // fp8 scales: amax / 64, as the conformance harness and vLLM's test_cache
@@ -155,12 +176,7 @@ ForwardResult PagedProblem::run(const AttentionBackend& backend) const {
                            Tensor::from_floats(value_, kv_shape, spec_.dtype), cache,
                            Tensor::from_i64(slots, {std::ssize(slots)}));
 
-  BuilderParams bp;
-  bp.block_size = spec_.block_size;
-  bp.num_kv_heads = spec_.kv_heads;
-  bp.head_size = d;
-  bp.num_heads = spec_.heads;
-  const auto md = backend.make_builder(bp)->build(common);
+  const auto md = backend.make_builder(builder_params(spec_.block_size, spec_.kv_heads, d, spec_.heads))->build(common);
   const Tensor query = Tensor::from_floats(query_, {num_tokens_, spec_.heads, d}, spec_.dtype);
   const Tensor out = Tensor::zeros({num_tokens_, spec_.heads, d}, spec_.dtype);
   const Tensor lse = Tensor::zeros({spec_.heads, num_tokens_}, DType::F32);

@@ -31,6 +31,13 @@ void for_each_isa(F check) {
   cpu_attn::set_isa(saved);
 }
 
+// The impl arguments of a bf16 decoder layer with a `cache` KV cache.
+AttentionImplParams bf16_layer(int heads, int kv_heads, int head_size, CacheDType cache);
+
+// The builder arguments for layers of at most `heads` query heads (CPU_ATTN
+// sizes the step's workspace for them).
+BuilderParams builder_params(int block_size, int kv_heads, int head_size, int heads);
+
 // The layer: shape, dtypes, cache and scoring features.
 struct LayerSpec {
   int heads = 4;

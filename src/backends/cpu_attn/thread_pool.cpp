@@ -43,7 +43,7 @@ std::mutex& instance_mutex() {
 ThreadPool::ThreadPool(int num_threads) {
   check_arg(num_threads >= 1, "ThreadPool", "num_threads", ">= 1", num_threads);
   workers_.reserve(static_cast<std::size_t>(num_threads - 1));
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int slot = 1; slot < num_threads; ++slot) workers_.emplace_back([this, slot] { worker_loop(slot); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -68,16 +68,17 @@ void ThreadPool::reset_instance(int num_threads) {
   instance_slot() = std::move(pool);
 }
 
-void ThreadPool::drain() {
-  for (int task = next_task_.fetch_add(1); task < num_tasks_; task = next_task_.fetch_add(1)) fn_(ctx_, task);
+void ThreadPool::drain(int slot) {
+  if (slot >= max_slots_) return;
+  for (int task = next_task_.fetch_add(1); task < num_tasks_; task = next_task_.fetch_add(1)) fn_(ctx_, task, slot);
 }
 
-void ThreadPool::run_erased(int num_tasks, TaskFn fn, void* ctx) {
+void ThreadPool::run_erased(int num_tasks, int max_slots, TaskFn fn, void* ctx) {
   if (num_tasks <= 0) return;
-  const bool inline_only = workers_.empty() || num_tasks == 1 || tl_inside_pool;
+  const bool inline_only = workers_.empty() || num_tasks == 1 || max_slots <= 1 || tl_inside_pool;
   std::unique_lock<std::mutex> busy(busy_, std::defer_lock);
   if (inline_only || !busy.try_lock()) {
-    for (int task = 0; task < num_tasks; ++task) fn(ctx, task);
+    for (int task = 0; task < num_tasks; ++task) fn(ctx, task, 0);
     return;
   }
   tl_inside_pool = true;
@@ -86,12 +87,13 @@ void ThreadPool::run_erased(int num_tasks, TaskFn fn, void* ctx) {
     fn_ = fn;
     ctx_ = ctx;
     num_tasks_ = num_tasks;
+    max_slots_ = max_slots;
     next_task_.store(0);
     active_workers_ = static_cast<int>(workers_.size());
     ++generation_;
   }
   wake_.notify_all();
-  drain();
+  drain(0);
   {
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [this] { return active_workers_ == 0; });
@@ -99,7 +101,7 @@ void ThreadPool::run_erased(int num_tasks, TaskFn fn, void* ctx) {
   tl_inside_pool = false;
 }
 
-void ThreadPool::worker_loop() {
+void ThreadPool::worker_loop(int slot) {
   tl_inside_pool = true;
   std::uint64_t seen = 0;
   for (;;) {
@@ -109,7 +111,7 @@ void ThreadPool::worker_loop() {
       if (stop_) return;
       seen = generation_;
     }
-    drain();
+    drain(slot);
     {
       const std::lock_guard<std::mutex> lock(mu_);
       --active_workers_;

@@ -35,7 +35,17 @@ class ThreadPool {
   // done. `fn` must not throw. Allocates nothing.
   template <typename F>
   void run(int num_tasks, F&& fn) {
-    run_erased(num_tasks, [](void* ctx, int task) { (*static_cast<F*>(ctx))(task); }, &fn);
+    run_slots(num_tasks, size(), [&fn](int task, int) { fn(task); });
+  }
+
+  // The same with at most `max_slots` threads taking part, fn(task, slot):
+  // `slot` in [0, max_slots) names the thread, and no two threads run tasks
+  // with the same slot at once (the caller is slot 0, and so is every task of
+  // a call that runs inline), so a task may use per-slot memory.
+  template <typename F>
+  void run_slots(int num_tasks, int max_slots, F&& fn) {
+    run_erased(num_tasks, max_slots, [](void* ctx, int task, int slot) { (*static_cast<F*>(ctx))(task, slot); },
+               &fn);
   }
 
   // The process-wide pool, created on first use from PAGEDATTN_NUM_THREADS.
@@ -46,10 +56,10 @@ class ThreadPool {
   static void reset_instance(int num_threads);
 
  private:
-  using TaskFn = void (*)(void* ctx, int task);
-  void run_erased(int num_tasks, TaskFn fn, void* ctx);
-  void worker_loop();
-  void drain();
+  using TaskFn = void (*)(void* ctx, int task, int slot);
+  void run_erased(int num_tasks, int max_slots, TaskFn fn, void* ctx);
+  void worker_loop(int slot);
+  void drain(int slot);
 
   std::vector<std::thread> workers_;
   std::mutex busy_;  // held by the one caller whose job the workers run
@@ -62,6 +72,7 @@ class ThreadPool {
   TaskFn fn_ = nullptr;
   void* ctx_ = nullptr;
   int num_tasks_ = 0;
+  int max_slots_ = 0;
   std::atomic<int> next_task_{0};
 };
 

@@ -65,6 +65,38 @@ TEST(ThreadPoolTest, ConcurrentCallersBothFinish) {
   EXPECT_EQ(total.load(), 2 * 50 * 8);
 }
 
+// run_slots: every task runs once, with a slot below max_slots that no other
+// thread holds meanwhile, on at most max_slots threads.
+TEST(ThreadPoolTest, SlotsBoundTheThreads) {
+  constexpr int kSlots = 2;
+  constexpr int kTasks = 64;
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> running(kSlots);
+  std::vector<std::atomic<int>> runs(kTasks);
+  std::mutex mu;
+  std::set<std::thread::id> threads;
+  std::atomic<bool> bad_slot{false};
+  std::atomic<bool> shared_slot{false};
+  pool.run_slots(kTasks, kSlots, [&](int task, int slot) {
+    runs[static_cast<std::size_t>(task)].fetch_add(1);
+    if (slot < 0 || slot >= kSlots) {
+      bad_slot = true;
+      return;
+    }
+    if (running[static_cast<std::size_t>(slot)].fetch_add(1) != 0) shared_slot = true;
+    {
+      const std::lock_guard<std::mutex> lock(mu);
+      threads.insert(std::this_thread::get_id());
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    running[static_cast<std::size_t>(slot)].fetch_sub(1);
+  });
+  for (const auto& r : runs) EXPECT_EQ(r.load(), 1);
+  EXPECT_FALSE(bad_slot.load());
+  EXPECT_FALSE(shared_slot.load());
+  EXPECT_LE(threads.size(), static_cast<std::size_t>(kSlots));
+}
+
 TEST(ThreadPoolTest, RejectsZeroThreads) { EXPECT_THROW(ThreadPool(0), Error); }
 
 }  // namespace

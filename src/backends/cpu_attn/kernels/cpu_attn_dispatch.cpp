@@ -1,4 +1,6 @@
 // Run-time ISA choice and the public kernel entry points (no SIMD here).
+#include "backends/cpu_attn/kernels/cpu_attn_targets.h"
+// The targets first: HWY_TARGETS follows them.
 #include "backends/cpu_attn/kernels/cpu_attn_dispatch.h"
 
 #include <hwy/targets.h>
@@ -161,7 +163,7 @@ bool set_isa(Isa isa) {
   // One immutable entry per ISA, so a reader's snapshot never changes under it.
   static Active entries[] = {{Isa::Avx512Bf16, {}}, {Isa::Avx512, {}}, {Isa::Avx2, {}}, {Isa::Scalar, {}}};
   Active& entry = entries[static_cast<int>(isa)];
-  if (entry.table.run_item == nullptr) entry.table = kernel_table_for(isa);
+  if (entry.table.run_decode == nullptr) entry.table = kernel_table_for(isa);
   active_slot().store(&entry, std::memory_order_release);
   return true;
 }
@@ -199,10 +201,17 @@ class IeeeFloatMode {
 
 }  // namespace
 
-void run_work_item(const AttentionParams& params, const WorkItem& item, const PartialState& partials,
-                   void* scratch) {
+KernelTable kernel_table_for(Isa isa) {
+  return KernelTable{decode_entry_for(isa), tiles_entry_for(isa), merge_entry_for(isa)};
+}
+
+void run_work_item(const AttentionParams& params, const KernelVariant& variant, const WorkItem& item,
+                   const PartialState& partials, void* scratch) {
   const IeeeFloatMode mode;
-  active_slot().load(std::memory_order_acquire)->table.run_item(params, item, partials, scratch);
+  const KernelTable& table = active_slot().load(std::memory_order_acquire)->table;
+  const ItemKernel& kernel = variant.for_rows((item.q_end - item.q_begin) * (params.num_heads / params.num_kv_heads));
+  const RunItemFn run = kernel.algorithm == ItemAlgorithm::kDecode ? table.run_decode : table.run_tiles;
+  run(params, variant, kernel, item, partials, scratch);
 }
 
 void run_merge_item(const AttentionParams& params, const MergeItem& item, const PartialState& partials) {

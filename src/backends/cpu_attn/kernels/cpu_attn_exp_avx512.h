@@ -1,5 +1,5 @@
-// exp on AVX-512 float vectors for the decode softmax (cpu_attn_kernel_avx3-inl.h),
-// in 13 instructions where Highway's Exp takes about 24 (docs/perf.md, attempt 49).
+// exp on AVX-512 float vectors for the decode softmax (cpu_attn_decode_tiles_avx512-inl.h),
+// in 13 instructions where Highway's Exp takes about 24 (docs/cpu_attn.md).
 // Intrinsics only, with its own target attribute, so the kernel's AVX-512 pass
 // and the accuracy test (cpu_attn_exp_test.cpp) call the same code.
 #pragma once

@@ -4,13 +4,17 @@
 // a tile is loaded and dequantized once per group.
 //
 // Raw pointers and POD params only (no core headers): the backend validates
-// every argument and builds the work list before calling in. SIMD code is
-// compiled once per Highway target (AVX-512, AVX2, portable scalar) and
-// chosen at run time (cpu_attn_isa.h).
+// every argument, builds the work list and chooses the kernel variant
+// (cpu_attn_variant.h) before calling in. SIMD code is compiled once per
+// Highway target (AVX-512, AVX2, portable scalar), one unit per algorithm
+// (cpu_attn_decode.cpp, cpu_attn_prefill.cpp, cpu_attn_merge.cpp), and the
+// target is chosen at run time (cpu_attn_isa.h).
 #pragma once
 
 #include <pagedattn/backend/kv_packing.h>
 #include <pagedattn/backend/scalar.h>
+
+#include "backends/cpu_attn/kernels/cpu_attn_variant.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -141,11 +145,12 @@ inline constexpr std::size_t kScratchAlignment = 64;
 inline constexpr int kDecodeDotChunk = 64;
 KeyPacking preferred_key_packing(DType kv_dtype, int head_size);
 
-// Runs one work item with the selected ISA. `scratch` holds at least
-// scratch_bytes(head_size, rows of the item, KV heads of the item) bytes,
-// kScratchAlignment-aligned.
-void run_work_item(const AttentionParams& params, const WorkItem& item, const PartialState& partials,
-                   void* scratch);
+// Runs one work item with the selected ISA and the kernel `variant` names for
+// its rows (KernelVariant::for_rows; the host chose it with choose_kernel_variant
+// for this ISA). `scratch` holds at least scratch_bytes(head_size, rows of the
+// item, KV heads of the item) bytes, kScratchAlignment-aligned.
+void run_work_item(const AttentionParams& params, const KernelVariant& variant, const WorkItem& item,
+                   const PartialState& partials, void* scratch);
 
 // Finalizes one query tile from its split partials (sinks, v_scale, LSE, output dtype).
 void run_merge_item(const AttentionParams& params, const MergeItem& item, const PartialState& partials);

@@ -3,6 +3,7 @@
 // head size 128, block 16). Not part of CTest: run bin/cpu_attn_kernel_bench.
 #include <benchmark/benchmark.h>
 
+#include "backends/cpu_attn/cpu_attn_plan.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
 #include "backends/cpu_attn/kernels/cpu_attn_kernel.h"
 
@@ -103,8 +104,9 @@ void BM_WorkItem(benchmark::State& state) {
   const int heads = static_cast<int>(state.range(5));
   Fixture f(queries, keys, static_cast<DType>(state.range(3)), state.range(4) != 0, heads);
   const WorkItem item{0, 0, heads, 0, queries, 0, keys, -1, 0};
+  const KernelVariant variant = choose_kernel_variant(f.p, isa);
   for (auto _ : state) {
-    run_work_item(f.p, item, PartialState{f.partials.data(), kHeads / kKvHeads}, f.scratch.get());
+    run_work_item(f.p, variant, item, PartialState{f.partials.data(), kHeads / kKvHeads}, f.scratch.get());
     benchmark::ClobberMemory();
   }
   const double group = static_cast<double>(kHeads) / kKvHeads * heads;

@@ -1,21 +1,31 @@
-// AVX2's four-row decode tile of the CPU_ATTN kernel: scores for four query
-// rows of one KV head, the online softmax on key-major vectors, and P V from
-// the same tile. Part of cpu_attn_kernel.cpp's per-target body:
-// cpu_attn_kernel_chunked-inl.h includes this one inside the Highway target
-// namespace once per compiled target (no include guard on purpose) after the
-// chunked-decode helpers it uses; only the AVX2 pass compiles anything.
+// AVX2's four-row decode tile (DecodeTiles::kChunkQuads): scores for four
+// query rows of one KV head, the online softmax on key-major vectors, and P V
+// from the same tile. Highway per-target header; only the AVX2 pass compiles
+// anything.
+#if defined(PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX2_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX2_INL_H_
+#undef PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX2_INL_H_
+#else
+#define PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX2_INL_H_
+#endif
 
+#include <hwy/highway.h>
+
+#include "backends/cpu_attn/kernels/cpu_attn_decode_tiles-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::cpu_attn::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 #if HWY_TARGET == HWY_AVX2
-// ---- AVX2: four rows of a decode tile at once ------------------------------------
+
 // For items whose rows come in blocks of four (GQA groups of 4, 8, ...): the
 // scores of a pass (four rows x three keys) are reduced by transposing adds
 // and stored key-major, st[key][row], so the online softmax of the four rows
 // runs on full vectors (two keys of all four rows each) with no per-row
-// horizontal work, and P V broadcasts from the same tile (docs/perf.md,
-// attempt 24).
+// horizontal work, and P V broadcasts from the same tile (docs/cpu_attn.md).
 
 // Lane k of the result is the sum of a[k]'s lanes.
-HWY_INLINE __m256 SumLanes8(const __m256 (&a)[8]) {
+HWY_INLINE __m256 sum_lanes8(const __m256 (&a)[8]) {
   // Per 128-bit half, hadd(hadd(a0, a1), hadd(a2, a3)) holds the partial sums
   // of a0..a3 over that half's lanes.
   const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -28,7 +38,7 @@ HWY_INLINE __m256 SumLanes8(const __m256 (&a)[8]) {
 
 // v with its two 128-bit halves swapped: lane l of a key-major score vector
 // meets the same row's other key.
-HWY_INLINE __m256 SwapHalves(__m256 v) { return _mm256_permute2f128_ps(v, v, 1); }
+HWY_INLINE __m256 swap_halves(__m256 v) { return _mm256_permute2f128_ps(v, v, 1); }
 
 // Float vectors a step of scores_quad reads per key: one 4-way e4m3 block,
 // else one chunk (two vectors).
@@ -37,21 +47,21 @@ constexpr int kStepVectors = std::max(2, kChunkWays<KV>);
 
 // Vector kV (0 .. kStepVectors - 1) of the step at element c of a row of
 // d_size, one at a time (for the register budget of scores_quad, which keeps
-// its odd bf16 halves off the mask register: Bf16OddsShifted): the e4m3
+// its odd bf16 halves off the mask register: bf16_odds_shifted): the e4m3
 // block's byte kV, or half kV of the chunk.
 template <DType KV, bool kNanFree, int kV, class D>
-HWY_INLINE hn::Vec<D> LoadStepVector(D d, const unsigned char* row, int c, [[maybe_unused]] int d_size) {
+HWY_INLINE hn::Vec<D> load_step_vector(D d, const unsigned char* row, int c, [[maybe_unused]] int d_size) {
   const unsigned char* p = row + static_cast<std::size_t>(c) * dtype_size(KV);
   const int lanes = static_cast<int>(hn::Lanes(d));
   if constexpr (kChunkWays<KV> == 4) {
-    return E4M3Byte<kV, kNanFree>(d, LoadE4M3Block(d, row, c));
+    return e4m3_byte<kV, kNanFree>(d, load_e4m3_block(d, row, c));
   } else if constexpr (kChunkWays<KV> == 2) {
-    if constexpr (kV == 0) return Bf16Evens(d, p, c == 0);
-    return Bf16OddsShifted(d, p, c + 2 * lanes == d_size);
+    if constexpr (kV == 0) return bf16_evens(d, p, c == 0);
+    return bf16_odds_shifted(d, p, c + 2 * lanes == d_size);
   } else if constexpr (KV == DType::FP8_E4M3 && kNanFree) {
-    return LoadE4M3NanFree(d, p + kV * lanes);
+    return load_e4m3_nan_free(d, p + kV * lanes);
   } else {
-    return LoadKV<KV>(d, p + kV * lanes * dtype_size(KV));
+    return load_kv<KV>(d, p + kV * lanes * dtype_size(KV));
   }
 }
 
@@ -87,7 +97,7 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
     for (int c = 0; c < d_size; c += kStepVectors<KV> * lanes) {
       for_each_index(std::make_integer_sequence<int, kStepVectors<KV>>{}, [&](auto v) {
         hn::Vec<D> kv[kKeys];
-        for (int j = 0; j < kKeys; ++j) kv[j] = LoadStepVector<KV, kNanFree, v()>(d, k[j], c, d_size);
+        for (int j = 0; j < kKeys; ++j) kv[j] = load_step_vector<KV, kNanFree, v()>(d, k[j], c, d_size);
         for (int r = 0; r < kRowBlock; ++r) {
           const auto qv = hn::LoadU(d, q[r] + c + v() * lanes);
           for (int j = 0; j < kKeys; ++j) acc[j][r] = hn::MulAdd(qv, kv[j], acc[j][r]);
@@ -95,9 +105,9 @@ void scores_quad(D d, const Scratch& sc, int r0, int d_size, int n, const unsign
       });
     }
     const __m256 first_two[2 * kRowBlock] = {acc[0][0].raw, acc[0][1].raw, acc[0][2].raw, acc[0][3].raw,
-                                              acc[1][0].raw, acc[1][1].raw, acc[1][2].raw, acc[1][3].raw};
-    const __m256 sums01 = SumLanes8(first_two);
-    const __m128 sums2 = SumLanes4(acc[2][0].raw, acc[2][1].raw, acc[2][2].raw, acc[2][3].raw);
+                                             acc[1][0].raw, acc[1][1].raw, acc[1][2].raw, acc[1][3].raw};
+    const __m256 sums01 = sum_lanes8(first_two);
+    const __m128 sums2 = sum_lanes4(acc[2][0].raw, acc[2][1].raw, acc[2][2].raw, acc[2][3].raw);
     _mm256_storeu_ps(st + i0 * kRowBlock, _mm256_mul_ps(sums01, _mm256_set1_ps(kChunkRescale<KV>)));
     _mm_storeu_ps(st + (i0 + 2) * kRowBlock, _mm_mul_ps(sums2, _mm_set1_ps(kChunkRescale<KV>)));
   }
@@ -151,7 +161,7 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
     vmax = hn::Max(vmax, sv);
   }
   const auto vm_old = hn::Load(d, m_old);
-  const auto vm_new = hn::Max(vm_old, hn::Max(vmax, hn::Vec<D>{SwapHalves(vmax.raw)}));
+  const auto vm_new = hn::Max(vm_old, hn::Max(vmax, hn::Vec<D>{swap_halves(vmax.raw)}));
   // A row that has seen no key yet keeps m = -inf: subtract 0 so exp(-inf) = 0.
   const auto no_max = hn::Eq(vm_new, minus_inf);
   const auto vm_sub = hn::IfThenZeroElse(no_max, vm_new);
@@ -164,18 +174,18 @@ void softmax_quad(D d, const AttentionParams& p, const Scratch& sc, int r0, int 
   }
   // As in softmax_tile, a row with a visible NaN score gets a NaN alpha.
   const auto nan_lanes = hn::VecFromMask(d, nan);
-  const auto nan_rows = hn::MaskFromVec(hn::Or(nan_lanes, hn::Vec<D>{SwapHalves(nan_lanes.raw)}));
+  const auto nan_rows = hn::MaskFromVec(hn::Or(nan_lanes, hn::Vec<D>{swap_halves(nan_lanes.raw)}));
   const auto alpha =
       hn::IfThenElse(nan_rows, hn::Set(d, std::numeric_limits<float>::quiet_NaN()),
                      hn::IfThenZeroElse(hn::Eq(vm_old, minus_inf), hn::Exp(d, hn::Sub(vm_old, vm_sub))));
-  const auto l_new = hn::MulAdd(hn::Load(d, l_old), alpha, hn::Add(vsum, hn::Vec<D>{SwapHalves(vsum.raw)}));
+  const auto l_new = hn::MulAdd(hn::Load(d, l_old), alpha, hn::Add(vsum, hn::Vec<D>{swap_halves(vsum.raw)}));
   const hn::CappedTag<float, kRowBlock> d4;
   hn::StoreU(hn::LowerHalf(d4, alpha), d4, sc.alpha + r0);
   hn::StoreU(hn::LowerHalf(d4, vm_new), d4, sc.m + r0);
   hn::StoreU(hn::LowerHalf(d4, l_new), d4, sc.l + r0);
 }
 
-// One tile of the chunked decode path for rows % 4 == 0: scores, softmax and
+// One four-row tile (rows % 4 == 0): scores, softmax and
 // P V per block of four rows, with probabilities key-major in the block's
 // part of sc.s.
 template <DType KV, bool kNanFree, class D>
@@ -193,3 +203,9 @@ void tile_decode_quads(D d, const AttentionParams& p, const Scratch& sc, int row
   }
 }
 #endif  // HWY_TARGET == HWY_AVX2
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace pagedattn::cpu_attn::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // PAGEDATTN_CPU_ATTN_DECODE_TILES_AVX2_INL_H_
