@@ -18,11 +18,11 @@ namespace {
 
 constexpr std::string_view kWhere = "CPU_ATTN forward";
 
-cpu_attn::RowsOperand rows_operand(const TensorView& t) {  // [T, H, D]
+RowsOperand rows_operand(const TensorView& t) {  // [T, H, D]
   return {t.data(), t.dtype(), t.stride(0), t.stride(1)};
 }
 
-cpu_attn::CacheOperand cache_operand(const TensorView& t) {  // [NB, BS, Hkv, D]
+CacheOperand cache_operand(const TensorView& t) {  // [NB, BS, Hkv, D]
   return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
@@ -83,26 +83,18 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
   p.num_heads = num_heads;
   p.num_kv_heads = kv_heads;
   p.head_size = head_size;
-  p.scale = params_.scale;
-  p.causal = params_.attn_type == AttentionType::Decoder && common.causal;
-  if (params_.sliding_window && params_.attn_type != AttentionType::EncoderDecoder) {
-    p.sliding_window = *params_.sliding_window;
-  }
-  p.window_form = dense_keys_ ? cpu_attn::WindowForm::Bidirectional : cpu_attn::WindowForm::Left;
-  p.soft_cap = params_.logits_soft_cap.value_or(0.0f);
-  p.alibi_slopes = params_.alibi_slopes.empty() ? nullptr : params_.alibi_slopes.data();
-  p.sinks = params_.sinks.empty() ? nullptr : params_.sinks.data();
+  p.variant = make_attention_variant(params_, common.causal,
+                                     params_.alibi_slopes.empty() ? nullptr : params_.alibi_slopes.data(),
+                                     params_.sinks.empty() ? nullptr : params_.sinks.data());
   p.query_start_loc = common.query_start_loc_host().data();
   p.seq_lens = common.seq_lens_host().data();
   p.query = rows_operand(query);
 
   if (dense_keys_) {
-    p.key_source = cpu_attn::KeySource::DenseRows;
     p.key = rows_operand(key);
     p.value = rows_operand(value);
     p.kv_dtype = params_.dtype;
   } else {
-    p.key_source = cpu_attn::KeySource::PagedCache;
     p.block_table = common.block_table_cpu.data_as<const std::int32_t>();
     p.block_table_row_stride = common.block_table_cpu.stride(0);
     p.block_size = common.block_size;

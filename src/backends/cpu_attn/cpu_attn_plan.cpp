@@ -44,7 +44,7 @@ int chunk_ways(DType kv, const TargetShape& target) {
 // with several KV heads, or strided new keys).
 bool rows_scattered(const AttentionParams& p) {
   const int d = p.head_size;
-  if (p.key_source == KeySource::DenseRows) return p.key.row_stride != d || p.value.row_stride != d;
+  if (p.variant.key_source == KeySource::DenseRows) return p.key.row_stride != d || p.value.row_stride != d;
   return p.key_cache.slot_stride != d || p.value_cache.slot_stride != d;
 }
 
@@ -106,7 +106,7 @@ KernelVariant choose_kernel_variant(const AttentionParams& p, Isa isa) {
   const std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_size(kv);
   const std::size_t unit_bytes = 2 * kTileKeys * row_bytes;
   v.decode.staged = rows_scattered(p);
-  v.decode.packed_key_scores = decode_dot && kv == DType::FP8_E4M3 && p.key_source == KeySource::PagedCache &&
+  v.decode.packed_key_scores = decode_dot && kv == DType::FP8_E4M3 && p.variant.key_source == KeySource::PagedCache &&
                                p.key_cache.packing != KeyPacking::None;
   v.decode.far_stream = decode_dot || dtype_size(kv) > 1;
   v.decode.near_into_l2 = decode_dot && 2 * unit_bytes > kL1DataBytes / 2;

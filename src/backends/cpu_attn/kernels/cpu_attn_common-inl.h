@@ -101,7 +101,7 @@ inline ItemShape item_shape(const AttentionParams& p, int request, int q_begin, 
   s.rows = (q_end - q_begin) * s.group;
   s.first_token = p.query_start_loc[request];
   s.q_len = p.query_start_loc[request + 1] - s.first_token;
-  s.num_keys = p.key_source == KeySource::DenseRows ? s.q_len : p.seq_lens[request];
+  s.num_keys = p.variant.key_source == KeySource::DenseRows ? s.q_len : p.seq_lens[request];
   return s;
 }
 
@@ -117,12 +117,12 @@ inline void fill_rows(const AttentionParams& p, const WorkItem& item, const Item
     const int pos = context_len + qi;
     int lo = 0;
     int hi = shape.num_keys;
-    if (p.causal) hi = std::min(hi, pos + 1);
-    if (p.sliding_window > 0) {
-      lo = std::max(lo, pos - p.sliding_window + 1);
-      hi = std::min(hi, p.window_form == WindowForm::Left ? pos + 1 : pos + p.sliding_window);
+    if (p.variant.mask == MaskKind::Causal) hi = std::min(hi, pos + 1);
+    if (p.variant.window != WindowKind::None) {
+      lo = std::max(lo, pos - p.variant.window_size + 1);
+      hi = std::min(hi, p.variant.window == WindowKind::Left ? pos + 1 : pos + p.variant.window_size);
     }
-    rows[r] = RowInfo{lo, hi, static_cast<float>(pos), p.alibi_slopes ? p.alibi_slopes[head] : 0.0f};
+    rows[r] = RowInfo{lo, hi, static_cast<float>(pos), p.variant.alibi_slopes ? p.variant.alibi_slopes[head] : 0.0f};
     if (lo < hi) {
       union_lo = std::min(union_lo, lo);
       union_hi = std::max(union_hi, hi);
@@ -161,7 +161,7 @@ inline void load_queries_bf16(const AttentionParams& p, const WorkItem& item, co
 // Row pointers of keys/values [t0, t0 + n) of one KV head.
 inline void tile_pointers(const AttentionParams& p, const WorkItem& item, const ItemShape& shape, int t0,
                           int n, const unsigned char** k_rows, const unsigned char** v_rows) {
-  if (p.key_source == KeySource::DenseRows) {
+  if (p.variant.key_source == KeySource::DenseRows) {
     for (int i = 0; i < n; ++i) {
       const std::int64_t row = shape.first_token + t0 + i;
       k_rows[i] = element(p.key.data, row * p.key.row_stride + item.kv_head * p.key.head_stride, p.kv_dtype);
@@ -223,10 +223,10 @@ struct ScoreModifiers {
   hn::Vec<D> inv_cap;
 
   ScoreModifiers(D d, const AttentionParams& p)
-      : soft_cap(p.soft_cap > 0.0f),
-        alibi(p.alibi_slopes != nullptr),
-        cap(hn::Set(d, p.soft_cap)),
-        inv_cap(hn::Set(d, soft_cap ? 1.0f / p.soft_cap : 0.0f)) {}
+      : soft_cap(p.variant.soft_cap > 0.0f),
+        alibi(p.variant.alibi_slopes != nullptr),
+        cap(hn::Set(d, p.variant.soft_cap)),
+        inv_cap(hn::Set(d, soft_cap ? 1.0f / p.variant.soft_cap : 0.0f)) {}
 
   bool any() const { return soft_cap || alibi; }
 };
@@ -385,8 +385,8 @@ inline void finish_row(const AttentionParams& p, int token, int head, float m, f
     if (lse != nullptr) *lse = neg_inf();
     return;
   }
-  if (p.sinks != nullptr) {
-    const float sink = p.sinks[head];
+  if (p.variant.sinks != nullptr) {
+    const float sink = p.variant.sinks[head];
     const float m_all = std::max(m, sink);
     l = l * std::exp(m - m_all) + std::exp(sink - m_all);
     v_scale *= std::exp(m - m_all);
@@ -398,7 +398,7 @@ inline void finish_row(const AttentionParams& p, int token, int head, float m, f
 
 // Whether K comes from a packed cache (kv_packing.h).
 inline bool keys_packed(const AttentionParams& p) {
-  return p.key_source == KeySource::PagedCache && p.key_cache.packing != KeyPacking::None;
+  return p.variant.key_source == KeySource::PagedCache && p.key_cache.packing != KeyPacking::None;
 }
 
 // Copies the K rows of keys [t0, t0 + n) of a Keys16-packed cache (k_rows:

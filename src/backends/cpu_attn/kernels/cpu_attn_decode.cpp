@@ -34,7 +34,7 @@ struct ChunkTiles {
   template <class D>
   static void load_queries(D d, const AttentionParams& p, const WorkItem& one, const ItemShape& shape,
                            const Scratch& sc, bool) {
-    cpu_attn::HWY_NAMESPACE::load_queries(p, one, shape, p.scale * dequant_scale(p, p.k_scale, one.kv_head),
+    cpu_attn::HWY_NAMESPACE::load_queries(p, one, shape, p.variant.scale * dequant_scale(p, p.k_scale, one.kv_head),
                                           sc.q);
     reorder_rows<KV>(sc.q, sc.tmp, shape.rows, p.head_size, static_cast<int>(hn::Lanes(d)), true);
   }

@@ -450,7 +450,7 @@ struct DotTiles {
   static void tile(D, const AttentionParams& p, const Scratch& sc, int rows, int t0, int n,
                    const unsigned char* const* k_rows, const unsigned char* const* v_rows,
                    const TilePrefetch& ahead, const TilePrefetch& far, int kv_head, bool packed_scores) {
-    const float score_scale = p.scale * dequant_scale(p, p.k_scale, kv_head);
+    const float score_scale = p.variant.scale * dequant_scale(p, p.k_scale, kv_head);
     tile_decode_dot<KV>(p, sc, rows, t0, n, k_rows, v_rows, ahead, far, score_scale, packed_scores);
   }
   template <class D>

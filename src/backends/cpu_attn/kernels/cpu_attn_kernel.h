@@ -11,6 +11,7 @@
 // target is chosen at run time (cpu_attn_isa.h).
 #pragma once
 
+#include <pagedattn/backend/attention_variant.h>
 #include <pagedattn/backend/kv_packing.h>
 #include <pagedattn/backend/scalar.h>
 
@@ -21,50 +22,12 @@
 
 namespace pagedattn::cpu_attn {
 
-// Where the keys and values of a request come from.
-enum class KeySource : std::uint8_t {
-  PagedCache,  // decoder and cross-attention: key j lives in the paged cache
-  DenseRows,   // encoder / encoder-only: keys are the request's own rows of key/value
-};
-
-// Which sliding-window rule applies (docs/semantics.md).
-enum class WindowForm : std::uint8_t {
-  Left,           // decoder: p - W < j <= p
-  Bidirectional,  // encoder / encoder-only: |p - j| <= W - 1
-};
-
-// A strided [rows, heads, head_size] operand; the last dimension is contiguous.
-struct RowsOperand {
-  const void* data = nullptr;
-  DType dtype = DType::F32;
-  std::int64_t row_stride = 0;   // elements between consecutive rows
-  std::int64_t head_stride = 0;  // elements between consecutive heads
-};
-
-// One half (K or V) of the paged cache, logically [num_blocks, block_size, Hkv, D]
-// with a contiguous last dimension (NHD or HND strides).
-struct CacheOperand {
-  const void* data = nullptr;
-  std::int64_t block_stride = 0;
-  std::int64_t slot_stride = 0;
-  std::int64_t head_stride = 0;
-  // K only: its order within a block (kv_packing.h); packed rows are
-  // slot_stride == head_size apart and the block size a multiple of kPackedKeyGroup.
-  KeyPacking packing = KeyPacking::None;
-};
-
 struct AttentionParams {
   // ---- problem ----
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_size = 0;  // a multiple of 8
-  float scale = 1.0f;
-  bool causal = true;  // decoder only
-  int sliding_window = 0;  // 0 = none
-  WindowForm window_form = WindowForm::Left;
-  float soft_cap = 0.0f;                // <= 0 = off
-  const float* alibi_slopes = nullptr;  // [num_heads] or null
-  const float* sinks = nullptr;         // [num_heads] or null
+  AttentionVariant variant;  // alibi_slopes and sinks: [num_heads] host arrays, or null
 
   // ---- batch (host memory) ----
   const std::int32_t* query_start_loc = nullptr;  // [num_reqs + 1]
@@ -75,7 +38,6 @@ struct AttentionParams {
 
   // ---- inputs ----
   RowsOperand query;  // [T, H, D]
-  KeySource key_source = KeySource::PagedCache;
   RowsOperand key;    // [T, Hkv, D], DenseRows only
   RowsOperand value;  // [T, Hkv, D], DenseRows only
   CacheOperand key_cache;    // PagedCache only

@@ -63,7 +63,8 @@ struct Fixture {
     p.num_heads = kHeads;
     p.num_kv_heads = kKvHeads;
     p.head_size = kHeadSize;
-    p.scale = 0.088f;
+    p.variant.scale = 0.088f;
+    p.variant.mask = MaskKind::Causal;
     p.query_start_loc = query_start_loc.data();
     p.seq_lens = seq_lens.data();
     p.block_table = block_table.data();

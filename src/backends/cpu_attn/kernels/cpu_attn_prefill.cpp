@@ -72,7 +72,7 @@ void run_tiles_head(D d, const AttentionParams& p, const ItemKernel& kernel, con
   if (kernel.scores == TileScores::kTransposedBf16) {
     load_queries_bf16(p, item, shape, reinterpret_cast<std::uint16_t*>(sc.q));
   } else {
-    load_queries(p, item, shape, p.scale * k_scale, sc.q);
+    load_queries(p, item, shape, p.variant.scale * k_scale, sc.q);
   }
 
   const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
@@ -106,7 +106,7 @@ void run_tiles_head(D d, const AttentionParams& p, const ItemKernel& kernel, con
       unpack_key_rows<KV>(p, t0, n, k_rows, sc.ks, unpacked_k);
       k_rows = unpacked_k;
     }
-    tile_scores<KV>(d, kernel.scores, sc, shape.rows, d_size, n, k_rows, p.scale);
+    tile_scores<KV>(d, kernel.scores, sc, shape.rows, d_size, n, k_rows, p.variant.scale);
     softmax_tile(d, p, sc, shape.rows, t0, n);
     tile_pv<KV>(d, kernel.pv, sc, shape.rows, d_size, n, v_rows);
   }
