@@ -47,7 +47,7 @@ constexpr std::int64_t kMaxBuiltSlots = 1 << 14;
 // CPU_ATTN's plan makes one work item per 1536 keys of a decode and per 16
 // query tokens of a prefill: plans are only made below these, so they stay
 // cheap. (This also keeps the target off a reported CPU_ATTN defect: for a
-// decode of more than INT_MAX - 1535 keys, make_work_plan's split count
+// decode of more than INT_MAX - 1535 keys, make_work_list's split count
 // overflows int.)
 constexpr std::int64_t kMaxPlannedKeys = 1 << 14;
 constexpr std::int64_t kMaxPlannedTokens = 1 << 14;
@@ -333,7 +333,7 @@ struct Coverage {
 // tokens over all keys, or (split) by key ranges tiling [0, seq_len) whose
 // partials, in split order, one merge combines; partial slots never overlap.
 void check_work_plan(const CommonAttentionMetadata& md, const CpuAttnMetadata& plan_md, int num_kv_heads) {
-  const cpu_attn::WorkPlan& plan = plan_md.plan;
+  const cpu_attn::WorkList& plan = plan_md.work;
   const auto loc = md.query_start_loc_host();
   const auto seq = md.seq_lens_host();
   std::map<std::pair<int, int>, std::vector<Coverage>> covered;

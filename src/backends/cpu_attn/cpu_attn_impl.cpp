@@ -74,7 +74,7 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
   const ForwardShape shape = check(layer, query, key, value, kv_cache, metadata, output, lse);
   const auto& md = static_cast<const CpuAttnMetadata&>(metadata);
   const CommonAttentionMetadata& common = md.common;
-  const cpu_attn::WorkPlan& plan = md.plan;
+  const cpu_attn::WorkList& plan = md.work;
   const int num_heads = params_.num_heads;
   const int kv_heads = params_.num_kv_heads;
   const int head_size = params_.head_size;

@@ -31,10 +31,10 @@ std::shared_ptr<const BackendMetadata> CpuAttnMetadataBuilder::build(const Commo
   check_arg(common.device().is_cpu(), "CPU_ATTN builder", "metadata device", "cpu", device_name(common.device()));
   md->num_kv_heads = params_.num_kv_heads;
   const int threads = cpu_attn::ThreadPool::instance().size();
-  md->plan = cpu_attn::make_work_plan(md->common.query_start_loc_host(), md->common.seq_lens_host(),
+  md->work = cpu_attn::make_work_list(md->common.query_start_loc_host(), md->common.seq_lens_host(),
                                       params_.num_kv_heads, md->common.causal, kMinDecodeItemsPerThread * threads);
   md->workspace = std::make_unique<cpu_attn::Workspace>(cpu_attn::plan_workspace(
-      md->plan, params_.head_size, params_.num_heads / params_.num_kv_heads, threads));
+      md->work, params_.head_size, params_.num_heads / params_.num_kv_heads, threads));
   return md;
 }
 

@@ -11,7 +11,7 @@
 namespace pagedattn {
 
 struct CpuAttnMetadata final : BackendMetadata {
-  cpu_attn::WorkPlan plan;
+  cpu_attn::WorkList work;  // the step's work items and merges
   int num_kv_heads = 0;  // the plan's KV-head count (from the builder params)
   // Sized for the builder's num_heads and head_size on the pool's threads; a
   // forward call works in it and allocates nothing. Not part of the

@@ -50,7 +50,7 @@ bool rows_scattered(const AttentionParams& p) {
 
 }  // namespace
 
-WorkspaceSize plan_workspace(const WorkPlan& plan, int head_size, int group, int thread_slots) {
+WorkspaceSize plan_workspace(const WorkList& plan, int head_size, int group, int thread_slots) {
   WorkspaceSize size;
   size.scratch_bytes = scratch_bytes(head_size, plan.max_item_tokens * group, plan.max_item_kv_heads);
   size.thread_slots = thread_slots;
@@ -113,9 +113,9 @@ KernelVariant choose_kernel_variant(const AttentionParams& p, Isa isa) {
   return v;
 }
 
-WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
+WorkList make_work_list(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
                         int num_kv_heads, bool causal, int min_items) {
-  WorkPlan plan;
+  WorkList plan;
   std::vector<std::int64_t> costs;
   const auto num_reqs = static_cast<int>(seq_lens.size());
   const auto q_len_of = [&](int r) {

@@ -1,4 +1,4 @@
-// The CPU_ATTN plan. The work list (make_work_plan), which the metadata
+// The CPU_ATTN plan. The work list (make_work_list), which the metadata
 // builder makes once per step and every layer's forward runs: a pure function
 // of the batch shape (tile sizes and split points are fixed constants, so a
 // request's result never depends on the other requests in the batch or on the
@@ -30,7 +30,7 @@ inline constexpr int kSplitMaxQueryTokens = 8;
 // an 8k decode (docs/cpu_attn.md).
 inline constexpr int kSplitKeys = 1536;
 
-struct WorkPlan {
+struct WorkList {
   std::vector<WorkItem> items;    // costliest first (a better dynamic schedule)
   std::vector<MergeItem> merges;  // run after every item
   std::int64_t partial_tokens = 0;  // partial-state token slots the splits write
@@ -42,12 +42,12 @@ struct WorkPlan {
 // requests that are split (decodes) cover as many KV heads together as leave
 // at least `min_items` such items, so one core reads whole blocks of a
 // head-major cache; the grouping changes no result, only the order of reads.
-WorkPlan make_work_plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
+WorkList make_work_list(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
                         int num_kv_heads, bool causal, int min_items);
 
 // The workspace a forward call of `plan` needs for a layer of `head_size` and
 // `group` query heads per KV head, on `thread_slots` threads.
-WorkspaceSize plan_workspace(const WorkPlan& plan, int head_size, int group, int thread_slots);
+WorkspaceSize plan_workspace(const WorkList& plan, int head_size, int group, int thread_slots);
 
 // The kernels `isa` runs the items of a forward call with: `params` as the
 // kernel will read them (dtypes, head size, K/V source, strides, K packing).

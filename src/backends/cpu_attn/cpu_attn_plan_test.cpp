@@ -20,8 +20,8 @@ struct Batch {
     query_start_loc.push_back(query_start_loc.back() + q_len);
     seq_lens.push_back(seq_len);
   }
-  WorkPlan plan(int kv_heads, bool causal = true, int min_items = 1) const {
-    return make_work_plan(query_start_loc, seq_lens, kv_heads, causal, min_items);
+  WorkList plan(int kv_heads, bool causal = true, int min_items = 1) const {
+    return make_work_list(query_start_loc, seq_lens, kv_heads, causal, min_items);
   }
 };
 
@@ -32,7 +32,7 @@ TEST(CpuAttnPlanTest, EveryQueryTileAndKeyIsCoveredOnce) {
   b.add(3, 100);    // short speculative step, not split (one chunk)
   b.add(0, 7);      // no queries: no work
   const int kv_heads = 2;
-  const WorkPlan plan = b.plan(kv_heads);
+  const WorkList plan = b.plan(kv_heads);
   // (request, head, query token) -> covered key ranges.
   std::map<std::tuple<int, int, int>, int> keys_covered;
   for (const WorkItem& it : plan.items) {
@@ -55,7 +55,7 @@ TEST(CpuAttnPlanTest, DecodeOfIntMaxKeysSplitsWithoutOverflow) {
   constexpr int kKeys = std::numeric_limits<std::int32_t>::max();
   Batch b;
   b.add(1, kKeys);
-  const WorkPlan plan = b.plan(1);
+  const WorkList plan = b.plan(1);
   ASSERT_EQ(plan.merges.size(), 1u);
   const std::int64_t splits = (static_cast<std::int64_t>(kKeys) + kSplitKeys - 1) / kSplitKeys;
   EXPECT_EQ(plan.merges[0].num_splits, splits);
@@ -74,7 +74,7 @@ TEST(CpuAttnPlanTest, DecodeOfIntMaxKeysSplitsWithoutOverflow) {
 TEST(CpuAttnPlanTest, LongDecodesSplitIntoFixedChunksWithDisjointPartials) {
   Batch b;
   b.add(1, 3 * kSplitKeys + 5);
-  const WorkPlan plan = b.plan(1);
+  const WorkList plan = b.plan(1);
   ASSERT_EQ(plan.items.size(), 4u);
   ASSERT_EQ(plan.merges.size(), 1u);
   EXPECT_EQ(plan.merges[0].num_splits, 4);
@@ -91,7 +91,7 @@ TEST(CpuAttnPlanTest, CostliestItemsComeFirst) {
   Batch b;
   b.add(1, 10);
   b.add(64, 64);
-  const WorkPlan plan = b.plan(1);
+  const WorkList plan = b.plan(1);
   ASSERT_FALSE(plan.items.empty());
   EXPECT_EQ(plan.items.front().request, 1);
   EXPECT_EQ(plan.items.back().request, 0);
@@ -105,7 +105,7 @@ TEST(CpuAttnPlanTest, RequestItemsIgnoreTheRestOfTheBatch) {
   Batch mixed;
   mixed.add(300, 300);
   mixed.add(1, 2500);
-  auto ranges = [](const WorkPlan& plan, int request) {
+  auto ranges = [](const WorkList& plan, int request) {
     std::set<std::tuple<int, int, int, int, int>> out;
     for (const WorkItem& it : plan.items) {
       if (it.request != request) continue;
@@ -131,7 +131,7 @@ TEST(CpuAttnPlanTest, DecodesGroupTheMostKvHeadsThatLeaveMinItems) {
   };
   for (const Case c : {Case{1, 8}, Case{32, 8}, Case{33, 4}, Case{64, 4}, Case{65, 2}, Case{128, 2},
                        Case{129, 1}, Case{257, 1}}) {
-    const WorkPlan plan = b.plan(kv_heads, true, c.min_items);
+    const WorkList plan = b.plan(kv_heads, true, c.min_items);
     int decode_items = 0;
     for (const WorkItem& it : plan.items) {
       if (it.request == 8) {
@@ -154,7 +154,7 @@ TEST(CpuAttnPlanTest, GroupedSplitItemsWriteTheSlotsTheirMergesRead) {
   b.add(2, 2 * kSplitKeys + 1);  // three splits of two query tokens
   b.add(1, kSplitKeys + 7);
   const int kv_heads = 4;
-  const WorkPlan plan = b.plan(kv_heads, true, 1);
+  const WorkList plan = b.plan(kv_heads, true, 1);
   std::map<std::tuple<int, int, int>, std::int64_t> written;  // (request, head, k_begin) -> first slot
   std::set<std::int64_t> slots;
   for (const WorkItem& it : plan.items) {
@@ -241,7 +241,7 @@ TEST(CpuAttnPlanTest, WorkspaceHoldsTheSplitPartials) {
   Batch b;
   b.add(1, 5000);
   b.add(20, 20);
-  const WorkPlan plan = b.plan(2);
+  const WorkList plan = b.plan(2);
   const WorkspaceSize size = plan_workspace(plan, 64, 4, 3);
   EXPECT_EQ(size.thread_slots, 3);
   EXPECT_EQ(size.partial_floats, static_cast<std::size_t>(plan.partial_tokens) * 4 * partial_row_floats(64));
