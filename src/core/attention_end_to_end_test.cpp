@@ -139,7 +139,10 @@ TEST(AttentionEndToEnd, RejectedForwardLeavesTheReferenceCacheUntouched) {
   ModelContext model(f32_model());
   Attention layer(model, kHeads, kHeadSize, kScale, options_for("layers.0.attn", reference_backend()));
   allocate_kv_caches(model, {.num_blocks = kNumBlocks});
-  ForwardContextScope scope(context_with(small_batch()));
+  ModelMetadataBuilder builder(model);
+  ForwardContext context;
+  context.layer_metadata = builder.build(small_batch());
+  ForwardContextScope scope(std::move(context));
   const Tensor q = make_tensor({kBatchTokens, kHeads, kHeadSize}, 1);
   const Tensor k = make_tensor({kBatchTokens, kKVHeads, kHeadSize}, 2);
   layer.forward(q, k, k);

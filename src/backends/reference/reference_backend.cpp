@@ -5,6 +5,8 @@
 #include <pagedattn/ops.h>
 
 #include <algorithm>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/reference_attention.h"
@@ -29,6 +31,16 @@ RowsOperand rows_operand(const TensorView& t) {
 CacheOperand cache_operand(const TensorView& t) {
   return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
 }
+
+// The step plan: the validated step and the kernel's scratch, sized by the
+// builder for its head size and the step's longest request, so that forward
+// allocates nothing. One forward at a time writes the scratch.
+struct ReferenceMetadata final : BackendMetadata {
+  std::unique_ptr<double[]> scratch;
+  std::size_t scratch_len = 0;
+};
+
+int max_keys(const CommonAttentionMetadata& common) { return std::max(common.max_seq_len, common.max_query_len); }
 
 class ReferenceImpl final : public AttentionImpl {
  public:
@@ -63,14 +75,23 @@ class ReferenceImpl final : public AttentionImpl {
                      const TensorView& output, const TensorView& lse) const;
 
   const ReferenceBackend& backend_;
-  std::vector<double> scratch_;  // the kernel's working rows, sized by the largest call so far
 };
 
 ForwardShape ReferenceImpl::check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                                   const TensorView& value, const KVCacheView& kv_cache,
                                   const BackendMetadata& metadata, const TensorView& output,
                                   const TensorView& lse) const {
-  const std::vector<DType> output_dtypes = backend_.supported_dtypes();
+  const auto* md = dynamic_cast<const ReferenceMetadata*>(&metadata);
+  check_arg(md != nullptr, kForwardWhere, "metadata", "metadata built by the REFERENCE builder",
+            "metadata of another backend");
+  const std::size_t scratch_len = reference::reference_attention_scratch_len(params_.head_size, max_keys(md->common));
+  if (md->scratch_len < scratch_len) {
+    throw_invalid(kForwardWhere, "metadata scratch",
+                  fmt::format("{} doubles for head_size {} (BuilderParams::head_size is the largest of the layers)",
+                              scratch_len, params_.head_size),
+                  std::to_string(md->scratch_len));
+  }
+  const DType output_dtypes[] = {DType::F32, DType::F16, DType::BF16};
   const ForwardShape shape = check_forward_args(kForwardWhere, params_, Device::cpu(), layer, query, key, value,
                                                 kv_cache, metadata, output, lse, output_dtypes);
   require_supported(backend_.problem_support(make_attention_problem(params_, shape.block_size, &metadata.common,
@@ -108,7 +129,6 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   k.seq_lens = common.seq_lens_host().data();
   k.block_table = static_cast<const std::int32_t*>(common.block_table_cpu.data());
   k.block_table_row_stride = common.block_table_cpu.stride(0);
-  k.max_blocks_per_seq = common.block_table_cpu.size(1);
 
   k.query = rows_operand(query);
   if (shape.paged) {
@@ -116,7 +136,6 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
     k.key_cache.packing = kv_cache.key_packing;
     k.value_cache = cache_operand(kv_cache.value);
     k.cache_dtype = shape.cache_storage;
-    k.num_blocks = shape.num_blocks;
     k.block_size = shape.block_size;
     if (shape.fp8) {
       k.k_scale = static_cast<const float*>(layer.k_scale.data());
@@ -138,11 +157,9 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
     k.lse_token_stride = lse.stride(1);
   }
 
-  // Grown once and reused, so steady-state forwards allocate nothing.
-  const std::size_t scratch_len = reference::reference_attention_scratch_len(k);
-  if (scratch_.size() < scratch_len) scratch_.resize(scratch_len);
-  k.scratch = scratch_.data();
-  k.scratch_len = scratch_.size();
+  const auto& md = static_cast<const ReferenceMetadata&>(metadata);
+  k.scratch = md.scratch.get();
+  k.scratch_len = md.scratch_len;
   if (const auto status = reference::reference_attention(k); status != reference::ReferenceStatus::Ok) {
     throw Error(ErrorKind::InvalidArgument, fmt::format("{}: kernel rejected the batch: {}", kForwardWhere,
                                                         reference::reference_status_name(status)));
@@ -154,11 +171,14 @@ class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
   explicit ReferenceMetadataBuilder(BuilderParams params) : params_(std::move(params)) {
     check_arg(params_.block_size > 0, kBuilderWhere, "block_size", "> 0", params_.block_size);
     check_arg(params_.device.is_cpu(), kBuilderWhere, "device", "cpu", params_.device);
+    check_arg(params_.head_size > 0, kBuilderWhere, "head_size", "> 0", params_.head_size);
   }
 
   std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
-    auto metadata = std::make_shared<BackendMetadata>();
+    auto metadata = std::make_shared<ReferenceMetadata>();
     adopt_step(kBuilderWhere, common, *metadata);
+    metadata->scratch_len = reference::reference_attention_scratch_len(params_.head_size, max_keys(metadata->common));
+    metadata->scratch = std::make_unique<double[]>(metadata->scratch_len);
     check_arg(common.device().is_cpu(), kBuilderWhere, "metadata device", "cpu", common.device());
     if (common.block_size > 0) {
       check_arg(common.block_size == params_.block_size, kBuilderWhere, "metadata block_size",

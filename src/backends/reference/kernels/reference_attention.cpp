@@ -27,25 +27,6 @@ int request_keys(const ReferenceAttentionParams& p, int r) {
   return p.seq_lens[r];
 }
 
-// Checks the batch and every block-table entry that will be read, so that a
-// bad argument is reported before any output is written.
-ReferenceStatus check_batch(const ReferenceAttentionParams& p) {
-  if (p.num_reqs < 0 || p.query_start_loc[0] < 0) return ReferenceStatus::BadBatch;
-  for (int r = 0; r < p.num_reqs; ++r) {
-    if (p.query_start_loc[r + 1] < p.query_start_loc[r]) return ReferenceStatus::BadBatch;
-    const int keys = request_keys(p, r);
-    if (keys < 0) return ReferenceStatus::BadBatch;
-    if (p.variant.key_source != KeySource::PagedCache) continue;
-    const std::int64_t blocks = (static_cast<std::int64_t>(keys) + p.block_size - 1) / p.block_size;
-    if (blocks > p.max_blocks_per_seq) return ReferenceStatus::BlockTableTooShort;
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int32_t id = p.block_table[r * p.block_table_row_stride + b];
-      if (id < 0 || id >= p.num_blocks) return ReferenceStatus::BlockOutOfRange;
-    }
-  }
-  return ReferenceStatus::Ok;
-}
-
 struct RowContext {
   int request = 0;
   int kv_head = 0;
@@ -165,24 +146,21 @@ const char* reference_status_name(ReferenceStatus status) {
       return "ok";
     case ReferenceStatus::ScratchTooSmall:
       return "scratch buffer too small";
-    case ReferenceStatus::BlockOutOfRange:
-      return "block table entry outside the KV cache";
-    case ReferenceStatus::BlockTableTooShort:
-      return "block table row too short for seq_len";
-    case ReferenceStatus::BadBatch:
-      return "inconsistent query_start_loc / seq_lens";
   }
   return "unknown status";
+}
+
+std::size_t reference_attention_scratch_len(int head_size, int max_keys) {
+  return kRowBuffers * static_cast<std::size_t>(head_size) + static_cast<std::size_t>(max_keys);
 }
 
 std::size_t reference_attention_scratch_len(const ReferenceAttentionParams& params) {
   int max_keys = 0;
   for (int r = 0; r < params.num_reqs; ++r) max_keys = std::max(max_keys, request_keys(params, r));
-  return kRowBuffers * static_cast<std::size_t>(params.head_size) + static_cast<std::size_t>(max_keys);
+  return reference_attention_scratch_len(params.head_size, max_keys);
 }
 
 ReferenceStatus reference_attention(const ReferenceAttentionParams& params) {
-  if (const ReferenceStatus status = check_batch(params); status != ReferenceStatus::Ok) return status;
   if (params.scratch_len < reference_attention_scratch_len(params)) return ReferenceStatus::ScratchTooSmall;
   const int group = params.num_heads / params.num_kv_heads;
   for (int r = 0; r < params.num_reqs; ++r) {

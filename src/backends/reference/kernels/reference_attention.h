@@ -28,7 +28,6 @@ struct ReferenceAttentionParams {
   const std::int32_t* seq_lens = nullptr;         // [num_reqs]; ignored for DenseRows
   const std::int32_t* block_table = nullptr;      // [num_reqs, block_table_row_stride]
   std::int64_t block_table_row_stride = 0;
-  std::int64_t max_blocks_per_seq = 0;  // valid entries per block-table row
 
   // ---- inputs ----
   RowsOperand query;         // [T, H, D]
@@ -37,7 +36,6 @@ struct ReferenceAttentionParams {
   CacheOperand key_cache;    // PagedCache only
   CacheOperand value_cache;  // PagedCache only
   DType cache_dtype = DType::BF16;
-  std::int64_t num_blocks = 0;
   int block_size = 0;
   // Dequantization scales of an fp8 cache (null otherwise): [num_kv_scales]
   // with num_kv_scales 1 (per tensor) or num_kv_heads (per KV head).
@@ -62,18 +60,18 @@ struct ReferenceAttentionParams {
 enum class ReferenceStatus : std::uint8_t {
   Ok = 0,
   ScratchTooSmall,
-  BlockOutOfRange,     // a block-table entry addresses no block of the cache
-  BlockTableTooShort,  // seq_len needs more blocks than a row holds
-  BadBatch,            // query_start_loc / seq_lens inconsistent
 };
 
 const char* reference_status_name(ReferenceStatus status);
 
 // Doubles of scratch the kernel needs for these params (reads the host batch arrays).
 std::size_t reference_attention_scratch_len(const ReferenceAttentionParams& params);
+// The same for head size `head_size` and requests of at most `max_keys` keys.
+std::size_t reference_attention_scratch_len(int head_size, int max_keys);
 
-// Computes attention for every row < num_actual_tokens. On a non-Ok status the
-// output may be partially written.
+// Computes attention for every row < num_actual_tokens of a batch the caller
+// validated (the step plan: block ids within the cache, consistent offsets and
+// lengths). Returns ScratchTooSmall, writing nothing, when the scratch is short.
 ReferenceStatus reference_attention(const ReferenceAttentionParams& params);
 
 }  // namespace pagedattn::reference
