@@ -40,6 +40,7 @@ constexpr std::int32_t kMaxBlockId = 64;
 constexpr int kMaxSmallLength = 40;
 constexpr int kMaxPadding = 8;
 constexpr int kMaxKvHeads = 8;
+constexpr int kMaxGroup = 8;  // query heads per KV head
 constexpr int kMaxMutations = 3;
 // Valid batches larger than this are not built: their slot mappings and
 // tables would cost more memory and time than they can find.
@@ -402,6 +403,7 @@ void run_builders(const CommonAttentionMetadata& md, FuzzedDataProvider& in) {
   BuilderParams params;
   params.block_size = md.block_size;
   params.num_kv_heads = in.ConsumeIntegralInRange(1, kMaxKvHeads);
+  params.num_heads = params.num_kv_heads * in.ConsumeIntegralInRange(1, kMaxGroup);
   params.head_size = 64;
   for (const std::string_view name : {"REFERENCE", "CPU_ATTN"}) {
     const AttentionBackend* backend = BackendRegistry::instance().find(name);
