@@ -1,14 +1,11 @@
 // CPU_ATTN's forward allocates nothing once the builder ran: the workspace
-// lives in the step's metadata. This file replaces the global operator new /
-// delete of the test binary with versions that count while a test says so.
+// lives in the step's metadata. Allocations are counted by the test binary's
+// replaced operator new (testing/counting_allocator.h).
 #include <gtest/gtest.h>
 #include <pagedattn/backend/backend.h>
 #include <pagedattn/metadata.h>
 #include <pagedattn/tensor.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
 #include <utility>
 #include <vector>
 
@@ -16,60 +13,7 @@
 #include "backends/cpu_attn/cpu_attn_plan.h"
 #include "backends/cpu_attn/cpu_attn_test_problem.h"
 #include "backends/cpu_attn/kernels/cpu_attn_isa.h"
-
-namespace {
-
-// Whether allocations count now (any thread: the pool's workers run items too).
-std::atomic<bool> g_counting{false};
-std::atomic<long> g_allocations{0};
-
-void* allocate(std::size_t size, std::size_t alignment) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (size == 0) size = 1;
-  if (alignment <= alignof(std::max_align_t)) return std::malloc(size);
-  return std::aligned_alloc(alignment, (size + alignment - 1) / alignment * alignment);
-}
-
-void* allocate_or_throw(std::size_t size, std::size_t alignment) {
-  void* p = allocate(size, alignment);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-}  // namespace
-
-void* operator new(std::size_t size) { return allocate_or_throw(size, alignof(std::max_align_t)); }
-void* operator new[](std::size_t size) { return allocate_or_throw(size, alignof(std::max_align_t)); }
-void* operator new(std::size_t size, std::align_val_t a) {
-  return allocate_or_throw(size, static_cast<std::size_t>(a));
-}
-void* operator new[](std::size_t size, std::align_val_t a) {
-  return allocate_or_throw(size, static_cast<std::size_t>(a));
-}
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  return allocate(size, alignof(std::max_align_t));
-}
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
-  return allocate(size, alignof(std::max_align_t));
-}
-void* operator new(std::size_t size, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return allocate(size, static_cast<std::size_t>(a));
-}
-void* operator new[](std::size_t size, std::align_val_t a, const std::nothrow_t&) noexcept {
-  return allocate(size, static_cast<std::size_t>(a));
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+#include "testing/counting_allocator.h"
 
 namespace pagedattn {
 namespace {
@@ -80,16 +24,6 @@ constexpr int kHeads = 8;
 constexpr int kKvHeads = 2;
 constexpr int kHeadSize = 64;
 constexpr int kBlockSize = 16;
-
-// Allocations while `f` runs, on any thread.
-template <class F>
-long allocations_during(F&& f) {
-  g_allocations.store(0);
-  g_counting.store(true);
-  f();
-  g_counting.store(false);
-  return g_allocations.load();
-}
 
 AttentionImplParams layer_params(AttentionType type) {
   AttentionImplParams params = cpu_attn_test::bf16_layer(kHeads, kKvHeads, kHeadSize, CacheDType::Auto);
@@ -131,7 +65,7 @@ void expect_no_allocation(const std::vector<std::pair<int, int>>& requests) {
   const Tensor lse = Tensor::zeros({kHeads, common.num_actual_tokens}, DType::F32);
   cpu_attn_test::for_each_isa([&](cpu_attn::Isa isa) {
     const auto forward = [&] { impl->forward({}, query, {}, {}, kv, *md, out, lse); };
-    EXPECT_EQ(allocations_during(forward), 0) << cpu_attn::isa_name(isa);
+    EXPECT_EQ(test::allocations_during(forward), 0) << cpu_attn::isa_name(isa);
   });
 }
 
@@ -155,7 +89,7 @@ TEST(CpuAttnForwardAllocTest, EncoderAllocatesNothing) {
   const Tensor out = Tensor::zeros({tokens, kHeads, kHeadSize}, DType::BF16);
   cpu_attn_test::for_each_isa([&](cpu_attn::Isa isa) {
     const auto forward = [&] { impl->forward({}, query, key, value, {}, *md, out, {}); };
-    EXPECT_EQ(allocations_during(forward), 0) << cpu_attn::isa_name(isa);
+    EXPECT_EQ(test::allocations_during(forward), 0) << cpu_attn::isa_name(isa);
   });
 }
 
@@ -165,7 +99,7 @@ TEST(CpuAttnForwardAllocTest, CounterSeesTheBuilder) {
   int blocks = 0;
   const CommonAttentionMetadata common = step({{1, 40}}, true, blocks);
   const auto step_builder = builder();
-  EXPECT_GT(allocations_during([&] { static_cast<void>(step_builder->build(common)); }), 0);
+  EXPECT_GT(test::allocations_during([&] { static_cast<void>(step_builder->build(common)); }), 0);
 }
 
 }  // namespace
