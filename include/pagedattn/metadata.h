@@ -34,6 +34,10 @@ struct StepFacts {
   // The first request whose seq_len differs from its query length (encoder
   // attention requires equal ones); -1 when none does.
   int first_seq_len_not_query_len = -1;
+  // The largest query length and seq_len of any request (max_query_len and
+  // max_seq_len are only upper bounds).
+  int longest_query = 0;
+  int longest_seq = 0;
 };
 
 // For request r: q_len = query_start_loc[r+1] - query_start_loc[r]; its query

@@ -287,6 +287,8 @@ StepFacts CommonAttentionMetadata::validate(std::string_view where, std::int64_t
       if (!facts.highest_block || id > facts.highest_block->id) facts.highest_block = BlockRef{id, r, b};
     }
   }
+  facts.longest_query = max_q;
+  facts.longest_seq = max_s;
   if (num_actual_tokens != loc[static_cast<std::size_t>(batch)]) {
     fail("num_actual_tokens",
          fmt::format("query_start_loc[{}] ({})", batch, loc[static_cast<std::size_t>(batch)]),

@@ -40,7 +40,9 @@ struct ReferenceMetadata final : BackendMetadata {
   std::size_t scratch_len = 0;
 };
 
-int max_keys(const CommonAttentionMetadata& common) { return std::max(common.max_seq_len, common.max_query_len); }
+// Keys of the step's longest request: its seq_len, or its query length for
+// encoder types (which read their own rows).
+int max_keys(const StepFacts& facts) { return std::max(facts.longest_seq, facts.longest_query); }
 
 class ReferenceImpl final : public AttentionImpl {
  public:
@@ -84,7 +86,7 @@ ForwardShape ReferenceImpl::check(const LayerQuantState& layer, const TensorView
   const auto* md = dynamic_cast<const ReferenceMetadata*>(&metadata);
   check_arg(md != nullptr, kForwardWhere, "metadata", "metadata built by the REFERENCE builder",
             "metadata of another backend");
-  const std::size_t scratch_len = reference::reference_attention_scratch_len(params_.head_size, max_keys(md->common));
+  const std::size_t scratch_len = reference::reference_attention_scratch_len(params_.head_size, max_keys(*md->facts));
   if (md->scratch_len < scratch_len) {
     throw_invalid(kForwardWhere, "metadata scratch",
                   fmt::format("{} doubles for head_size {} (BuilderParams::head_size is the largest of the layers)",
@@ -177,7 +179,7 @@ class ReferenceMetadataBuilder final : public AttentionMetadataBuilder {
   std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
     auto metadata = std::make_shared<ReferenceMetadata>();
     adopt_step(kBuilderWhere, common, *metadata);
-    metadata->scratch_len = reference::reference_attention_scratch_len(params_.head_size, max_keys(metadata->common));
+    metadata->scratch_len = reference::reference_attention_scratch_len(params_.head_size, max_keys(*metadata->facts));
     metadata->scratch = std::make_unique<double[]>(metadata->scratch_len);
     check_arg(common.device().is_cpu(), kBuilderWhere, "metadata device", "cpu", common.device());
     if (common.block_size > 0) {

@@ -256,7 +256,13 @@ template <class D>
 HWY_INLINE hn::Vec<D> mask_scores(D d, const ScoreModifiers<D>& modifiers, const LaneRows<D>& rows,
                                   hn::Vec<D> sv, hn::Vec<hn::RebindToSigned<D>> j, hn::Mask<D>& nan) {
   const auto raw_nan = hn::IsNaN(sv);
-  if (modifiers.soft_cap) sv = hn::Mul(modifiers.cap, hn::Tanh(d, hn::Mul(sv, modifiers.inv_cap)));
+  if (modifiers.soft_cap) {
+    // Highway's Tanh converts to int inside (Expm1), which is undefined for a
+    // NaN lane: that lane takes the Tanh of 0 and keeps its NaN.
+    const auto capped =
+        hn::Mul(modifiers.cap, hn::Tanh(d, hn::Mul(hn::IfThenZeroElse(raw_nan, sv), modifiers.inv_cap)));
+    sv = hn::IfThenElse(raw_nan, sv, capped);
+  }
   if (modifiers.alibi) sv = hn::MulAdd(rows.slope, hn::Sub(hn::ConvertTo(d, j), rows.position), sv);
   const auto visible = hn::RebindMask(d, hn::And(hn::Gt(j, rows.lo_minus_one), hn::Lt(j, rows.hi)));
   nan = hn::Or(nan, hn::And(raw_nan, visible));
