@@ -84,9 +84,7 @@ struct Problem {
   std::vector<int> kv_lens;  // keys per request: seq_len, or the encoder length for cross-attention
   std::uint64_t seed = 0;
 
-  bool paged() const {
-    return params.attn_type == AttentionType::Decoder || params.attn_type == AttentionType::EncoderDecoder;
-  }
+  bool paged() const { return reads_paged_cache(params.attn_type); }
   std::string describe() const {
     return fmt::format(
         "isa {} H {} Hkv {} D {} bs {} {} dtype {} kv {} per_head_scales {} type {} causal {} window {} "

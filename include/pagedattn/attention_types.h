@@ -24,6 +24,9 @@ enum class AttentionType {
 // vLLM's spellings: "decoder", "encoder", "encoder_only", "encoder_decoder".
 std::string_view attention_type_name(AttentionType t);
 std::optional<AttentionType> parse_attention_type(std::string_view name);
+// Whether attention of type `t` reads its keys and values from the paged KV
+// cache (decoder, cross-attention) rather than from the step's own rows.
+bool reads_paged_cache(AttentionType t);
 
 // vLLM's CacheDType strings; "fp8" means e4m3.
 enum class CacheDType { Auto, Float16, BFloat16, Fp8, Fp8E4M3, Fp8E5M2 };

@@ -18,10 +18,6 @@ namespace pagedattn::conformance {
 // [rows, heads, D] model-dtype values.
 std::vector<float> random_rows(Rng& rng, std::size_t elements, DType dtype);
 
-inline bool is_paged(AttentionType t) {
-  return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder;
-}
-
 // The parts joined by "; ".
 std::string join(const std::vector<std::string>& parts);
 

@@ -31,7 +31,6 @@ namespace {
 using conformance::CacheUnderTest;
 using conformance::GuardedLse;
 using conformance::GuardedOutput;
-using conformance::is_paged;
 using conformance::join;
 using conformance::make_lse;
 using conformance::make_output;
@@ -420,7 +419,7 @@ CaseResult CaseRun::run() {
   builder_params.device = device_;
   builder_params.layer_names = {std::string(kLayerName)};
   builder_ = backend_.make_builder(builder_params);
-  if (is_paged(c_.attn_type)) cache_.emplace(backend_, c_, num_blocks, device_);
+  if (reads_paged_cache(c_.attn_type)) cache_.emplace(backend_, c_, num_blocks, device_);
   if (c_.attn_type == AttentionType::Decoder) write_context();
 
   XXH3_64bits_reset(&digest_);

@@ -37,6 +37,10 @@ std::optional<AttentionType> parse_attention_type(std::string_view name) {
   return std::nullopt;
 }
 
+bool reads_paged_cache(AttentionType t) {
+  return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder;
+}
+
 std::string_view cache_dtype_name(CacheDType t) {
   switch (t) {
     case CacheDType::Auto:
@@ -219,7 +223,6 @@ std::vector<std::string> AttentionBackend::validate_configuration(const Selector
 
 AttentionVariant make_attention_variant(const AttentionImplParams& params, bool step_causal,
                                         const float* alibi_slopes, const float* sinks) {
-  const bool paged = params.attn_type == AttentionType::Decoder || params.attn_type == AttentionType::EncoderDecoder;
   AttentionVariant v;
   v.scale = params.scale;
   v.soft_cap = params.logits_soft_cap.value_or(0.0f);
@@ -231,7 +234,7 @@ AttentionVariant make_attention_variant(const AttentionImplParams& params, bool 
   }
   v.alibi_slopes = alibi_slopes;
   v.sinks = sinks;
-  v.key_source = paged ? KeySource::PagedCache : KeySource::DenseRows;
+  v.key_source = reads_paged_cache(params.attn_type) ? KeySource::PagedCache : KeySource::DenseRows;
   return v;
 }
 

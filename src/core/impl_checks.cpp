@@ -10,10 +10,6 @@ constexpr int kRowsRank = 3;       // [T, heads, D]
 constexpr int kCacheHalfRank = 4;  // [NB, BS, Hkv, D]
 constexpr int kLseRank = 2;        // [H, T]
 
-bool uses_paged_cache(AttentionType t) {
-  return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder;
-}
-
 // [>= min_rows, heads, head_size], rows may be strided, last dim contiguous.
 void check_rows(std::string_view where, const TensorView& t, std::string_view name, Device device,
                 std::int64_t min_rows, std::int64_t heads, std::int64_t head_size) {
@@ -84,7 +80,7 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
   const StepFacts& facts = *metadata.facts;
   const int tokens = common.num_actual_tokens;
   ForwardShape shape;
-  shape.paged = uses_paged_cache(p.attn_type);
+  shape.paged = reads_paged_cache(p.attn_type);
   shape.block_size = common.block_size;
   shape.cache_storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
   shape.fp8 = is_quantized_kv_cache(p.kv_cache_dtype);

@@ -22,8 +22,6 @@ constexpr std::string_view kForwardWhere = "CUDA_FLASH forward";
 constexpr std::string_view kUpdateWhere = "CUDA_FLASH do_kv_cache_update";
 constexpr std::uintptr_t kVectorBytes = 16;  // the kernels move 16-byte vectors
 
-bool uses_paged_cache(AttentionType t) { return t == AttentionType::Decoder || t == AttentionType::EncoderDecoder; }
-
 // The kernels load and store 8-element vectors: the base must be 16-byte
 // aligned (8-byte for fp8) and every stride but the last a multiple of 8.
 void check_vector_aligned(const TensorView& t, std::string_view name) {
@@ -96,7 +94,7 @@ FlashImpl::CheckedForward FlashImpl::check(const LayerQuantState& layer, const T
                               p.num_heads),
                   std::to_string(plan->partial_heads));
   }
-  if (uses_paged_cache(p.attn_type)) {
+  if (reads_paged_cache(p.attn_type)) {
     check_arg(kv_cache.key_packing == KeyPacking::None, kForwardWhere, "kv_cache.key_packing",
               "none (CUDA_FLASH reads row-major K)", key_packing_name(kv_cache.key_packing));
   }
