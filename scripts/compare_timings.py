@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Compares the gpu_bench reports of two builds (scripts/gpu compare).
+"""Compares the timing reports of two builds (scripts/bench_compare on the CPU,
+scripts/gpu compare on the GPU).
 
-Reads <work>/cmp_<base|new>_<round>_<run>.json, takes per workload the
-median over rounds of each build's graph-replay median, and prints a
-Markdown table with the ratio new / base. A run whose check failed has no
-figures and fails the comparison.
+Usage: compare_timings.py <dir> [prefix]. Reads <dir>/<prefix>base_*.json and
+<dir>/<prefix>new_*.json (`pagedattn bench --json` or `pagedattn_gpu_bench
+--json` reports, one per round), takes per workload the median over rounds of
+each build's median, and prints a Markdown table with the ratio new / base. A
+run whose check failed has no figures and fails the comparison.
 """
 import glob
 import json
@@ -13,24 +15,26 @@ import statistics
 import sys
 
 
-def load(work, which):
+def load(work, prefix, which):
     times = {}
-    for path in sorted(glob.glob(os.path.join(work, f"cmp_{which}_*.json"))):
+    for path in sorted(glob.glob(os.path.join(work, f"{prefix}{which}_*.json"))):
         with open(path) as f:
-            for run in json.load(f)["runs"]:
-                if not run.get("check_passed"):
-                    sys.exit(f"{path}: {run['spec']} failed its check: {run.get('check_message')}")
-                key = (run["spec"], run["head_size"], run["kv_cache_dtype"])
-                times.setdefault(key, []).append(run["median_ms"])
+            report = json.load(f)
+        for run in report["runs"]:
+            if not run.get("check_passed"):
+                sys.exit(f"{path}: {run['spec']} failed its check: {run.get('check_message')}")
+            key = (run["spec"], run.get("head_size", report.get("head_size")), run["kv_cache_dtype"])
+            times.setdefault(key, []).append(run["median_ms"])
     return times
 
 
 def main():
     work = sys.argv[1]
-    base, new = load(work, "base"), load(work, "new")
+    prefix = sys.argv[2] if len(sys.argv) > 2 else ""
+    base, new = load(work, prefix, "base"), load(work, prefix, "new")
     if not base or set(base) != set(new):
         sys.exit("compare: the two builds ran different workloads (or none)")
-    print("| workload | head size | KV | baseline ms | this tree ms | ratio | spread (new) |")
+    print("| workload | head size | KV | baseline ms | this build ms | ratio | spread (this) |")
     print("|---|---|---|---|---|---|---|")
     worst = 0.0
     for key in sorted(base):
