@@ -1,0 +1,86 @@
+"""FlashInfer-style plan/run over pagedattn's backends."""
+
+from pagedattn import _pagedattn
+from pagedattn._arrays import stream_of, view
+
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+
+
+def _host_i32(x, name):
+    """x as a contiguous int32 host array (lists, NumPy arrays, CPU tensors)."""
+    import numpy as np
+
+    if hasattr(x, "is_cuda") and x.is_cuda:
+        raise ValueError(f"BatchAttention.plan: {name} must be on the host (plan runs on the CPU), got {x.device}")
+    if hasattr(x, "numpy"):
+        x = x.numpy()
+    return np.ascontiguousarray(x, dtype=np.int32)
+
+
+class BatchAttention:
+    """Attention over paged KV caches, planned once per step and run per layer.
+
+    ``plan(query_start_loc, seq_lens, block_table)`` takes host arrays (vLLM's
+    metadata: ``[B+1]``, ``[B]``, ``[B, M]`` int32) and uploads the step's
+    plan; every ``run`` of the step reuses it. ``run(q, k, v, kv_cache)``
+    writes ``k``/``v`` (the step's rows, or None when already cached) at the
+    step's slots and attends. With ``max_num_reqs``, ``max_num_tokens`` and
+    ``max_blocks_per_req`` set, every device array the plan writes stays at
+    one address: a ``run`` captured in a CUDA graph replays any later plan
+    with the same number of tokens.
+    """
+
+    def __init__(self, num_heads, head_size, *, num_kv_heads=None, scale=None, dtype="bf16", kv_cache_dtype="auto",
+                 block_size=16, device="cpu", causal=True, sliding_window=None, logits_soft_cap=None,
+                 alibi_slopes=None, sinks=None, backend=None, max_num_reqs=0, max_num_tokens=0,
+                 max_blocks_per_req=0):
+        dtype = _TORCH_DTYPES.get(str(dtype), str(dtype))
+        self._device = str(device)
+        self._impl = _pagedattn.BatchAttention(
+            num_heads, head_size, num_kv_heads=num_kv_heads, scale=scale, dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype, block_size=block_size, device=self._device, causal=causal,
+            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+            alibi_slopes=[float(a) for a in alibi_slopes] if alibi_slopes is not None else [],
+            sinks=[float(s) for s in sinks] if sinks is not None else [], backend=backend or "",
+            max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens, max_blocks_per_req=max_blocks_per_req)
+
+    @property
+    def backend(self) -> str:
+        """The backend the selector chose (or the one named)."""
+        return self._impl.backend
+
+    @property
+    def num_tokens(self) -> int:
+        """Query tokens of the last plan."""
+        return self._impl.num_tokens
+
+    def plan(self, query_start_loc, seq_lens, block_table):
+        """Plans a step; not capturable (it runs on the host and uploads)."""
+        stream = 0
+        if self._device.startswith("cuda"):
+            import torch
+
+            stream = torch.cuda.current_stream(self._device).cuda_stream
+        self._impl.plan(_host_i32(query_start_loc, "query_start_loc"), _host_i32(seq_lens, "seq_lens"),
+                        _host_i32(block_table, "block_table"), stream)
+
+    def run(self, q, k, v, kv_cache, *, out=None, lse=None, k_scale=None, v_scale=None):
+        """q ``[T, H, D]``; k/v ``[T, Hkv, D]`` or None; ``kv_cache`` a
+        ``(key_cache, value_cache)`` pair of ``[NB, BS, Hkv, D]`` or one
+        ``[2, NB, BS, Hkv, D]`` tensor (vLLM's FlashAttention layout); ``out`` defaults to a
+        new tensor like q. Returns ``out``."""
+        if isinstance(kv_cache, (tuple, list)):
+            key_cache, value_cache = kv_cache
+        else:
+            key_cache, value_cache = kv_cache[0], kv_cache[1]
+        if out is None:
+            out = q.new_empty(q.shape) if hasattr(q, "new_empty") else _numpy_like(q)
+        self._impl.run(view(q), view(k), view(v), view(key_cache), view(value_cache), view(out), lse,
+                       view(k_scale), view(v_scale), stream_of(q))
+        return out
+
+
+def _numpy_like(q):
+    import numpy as np
+
+    return np.empty_like(q)

@@ -1,0 +1,137 @@
+// pagedattn.BatchAttention's C++ half: construction from keyword options,
+// plan() from host int32 arrays, run() on the caller's stream.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+#include <pagedattn/batch_attention.h>
+
+#include <chrono>
+
+#include "bindings.h"
+#include "tensor_arg.h"
+
+namespace pagedattn::python {
+namespace {
+
+constexpr std::string_view kPlanWhere = "BatchAttention.plan";
+constexpr std::string_view kRunWhere = "BatchAttention.run";
+
+std::span<const std::int32_t> host_span(const Array& a, std::string_view name, int rank) {
+  const TensorView t = view_of(a, kPlanWhere, name);
+  check_rank(t, kPlanWhere, name, rank);
+  check_dtype(t, kPlanWhere, name, DType::I32);
+  check_device(t, kPlanWhere, name, Device::cpu());
+  check_arg(t.is_contiguous(), kPlanWhere, fmt::format("{} layout", name), "contiguous (row-major)", t.describe());
+  return {static_cast<const std::int32_t*>(t.data()), static_cast<std::size_t>(t.numel())};
+}
+
+BatchAttentionOptions make_options(int num_heads, int head_size, std::optional<int> num_kv_heads, std::optional<float> scale,
+                     const std::string& dtype, const std::string& kv_cache_dtype, int block_size,
+                     const std::string& device, bool causal, std::optional<int> sliding_window,
+                     std::optional<float> logits_soft_cap, std::vector<float> alibi_slopes, std::vector<float> sinks,
+                     const std::string& backend, int max_num_reqs, int max_num_tokens, int max_blocks_per_req) {
+  constexpr std::string_view where = "BatchAttention";
+  BatchAttentionOptions o;
+  o.num_heads = num_heads;
+  o.head_size = head_size;
+  o.num_kv_heads = num_kv_heads.value_or(0);
+  o.scale = scale;
+  const std::optional<DType> t = parse_dtype(dtype);
+  if (!t) throw_invalid(where, "dtype", "f32, f16 or bf16", dtype);
+  o.dtype = *t;
+  const std::optional<CacheDType> c = parse_cache_dtype(kv_cache_dtype);
+  if (!c) throw_invalid(where, "kv_cache_dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", kv_cache_dtype);
+  o.kv_cache_dtype = *c;
+  o.block_size = block_size;
+  const std::optional<Device> d = parse_device(device);
+  if (!d) throw_invalid(where, "device", "cpu, cuda or cuda:N", device);
+  o.device = *d;
+  o.causal = causal;
+  o.sliding_window = sliding_window;
+  o.logits_soft_cap = logits_soft_cap;
+  o.alibi_slopes = std::move(alibi_slopes);
+  o.sinks = std::move(sinks);
+  o.backend = backend;
+  o.max_num_reqs = max_num_reqs;
+  o.max_num_tokens = max_num_tokens;
+  o.max_blocks_per_req = max_blocks_per_req;
+  return o;
+}
+
+void plan(BatchAttention& self, const Array& query_start_loc, const Array& seq_lens, const Array& block_table,
+          std::uintptr_t stream) {
+  const std::span<const std::int32_t> table = host_span(block_table, "block_table", 2);
+  const std::int64_t stride = static_cast<std::int64_t>(block_table.shape(1));
+  const auto qsl = host_span(query_start_loc, "query_start_loc", 1);
+  const auto lens = host_span(seq_lens, "seq_lens", 1);
+  StreamScope scope(self.impl_params().device, stream);
+  self.plan(qsl, lens, table, stride);
+}
+
+void run(BatchAttention& self, const Array& q, const OptArray& k, const OptArray& v, const Array& key_cache,
+         const Array& value_cache, const Array& out, const OptArray& lse, const OptArray& k_scale,
+         const OptArray& v_scale, std::uintptr_t stream) {
+  const DType storage = kv_cache_storage_dtype(self.impl_params().kv_cache_dtype, self.impl_params().dtype);
+  const KVCacheView cache{reinterpret(view_of(key_cache, kRunWhere, "key_cache"), storage, kRunWhere, "key_cache"),
+                          reinterpret(view_of(value_cache, kRunWhere, "value_cache"), storage, kRunWhere,
+                                      "value_cache")};
+  StreamScope scope(self.impl_params().device, stream);
+  self.run(view_of(q, kRunWhere, "q"), view_of(k, kRunWhere, "k"), view_of(v, kRunWhere, "v"), cache,
+           view_of(out, kRunWhere, "out"), view_of(lse, kRunWhere, "lse"), view_of(k_scale, kRunWhere, "k_scale"),
+           view_of(v_scale, kRunWhere, "v_scale"));
+}
+
+// Host seconds per run() call over `iterations` calls made from C++: the
+// baseline the Python call's overhead is measured against (python/bench/).
+double time_runs(BatchAttention& self, const Array& q, const Array& key_cache, const Array& value_cache,
+                 const Array& out, int iterations, std::uintptr_t stream) {
+  check_arg(iterations > 0, "BatchAttention._time_runs", "iterations", "> 0", iterations);
+  const TensorView query = view_of(q, kRunWhere, "q");
+  const KVCacheView cache{view_of(key_cache, kRunWhere, "key_cache"), view_of(value_cache, kRunWhere, "value_cache")};
+  const TensorView output = view_of(out, kRunWhere, "out");
+  StreamScope scope(self.impl_params().device, stream);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) self.run(query, {}, {}, cache, output);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / iterations;
+}
+
+}  // namespace
+
+void register_batch(nb::module_& m) {
+  using nb::arg;
+  nb::class_<BatchAttention>(m, "BatchAttention",
+                             "Plan once per step (host lengths and block table), run per layer.")
+      .def("__init__",
+           [](BatchAttention* self, int num_heads, int head_size, std::optional<int> num_kv_heads,
+              std::optional<float> scale, const std::string& dtype, const std::string& kv_cache_dtype,
+              int block_size, const std::string& device, bool causal, std::optional<int> sliding_window,
+              std::optional<float> logits_soft_cap, std::vector<float> alibi_slopes, std::vector<float> sinks,
+              const std::string& backend, int max_num_reqs, int max_num_tokens, int max_blocks_per_req) {
+             new (self) BatchAttention(make_options(num_heads, head_size, num_kv_heads, scale, dtype, kv_cache_dtype,
+                                                    block_size, device, causal, sliding_window, logits_soft_cap,
+                                                    std::move(alibi_slopes), std::move(sinks), backend, max_num_reqs,
+                                                    max_num_tokens, max_blocks_per_req));
+           },
+           arg("num_heads"), arg("head_size"), nb::kw_only(), arg("num_kv_heads").none() = nb::none(),
+           arg("scale").none() = nb::none(), arg("dtype") = "bf16", arg("kv_cache_dtype") = "auto",
+           arg("block_size") = 16, arg("device") = "cpu", arg("causal") = true,
+           arg("sliding_window").none() = nb::none(), arg("logits_soft_cap").none() = nb::none(),
+           arg("alibi_slopes") = std::vector<float>{}, arg("sinks") = std::vector<float>{}, arg("backend") = "",
+           arg("max_num_reqs") = 0, arg("max_num_tokens") = 0, arg("max_blocks_per_req") = 0)
+      .def("plan", &plan, arg("query_start_loc"), arg("seq_lens"), arg("block_table"), arg("stream") = 0,
+           "query_start_loc [B+1], seq_lens [B], block_table [B, M]: int32 host arrays.")
+      .def("run", &run, arg("q"), arg("k").none(), arg("v").none(), arg("key_cache"), arg("value_cache"),
+           arg("out"), arg("lse").none() = nb::none(), arg("k_scale").none() = nb::none(),
+           arg("v_scale").none() = nb::none(), arg("stream") = 0,
+           "Writes k/v (when given) at the plan's slots, then attends into out.")
+      .def("_time_runs", &time_runs, arg("q"), arg("key_cache"), arg("value_cache"), arg("out"),
+           arg("iterations"), arg("stream") = 0)
+      .def_prop_ro("backend", [](const BatchAttention& self) { return std::string(self.backend().name()); })
+      .def_prop_ro("num_tokens", &BatchAttention::num_tokens)
+      .def_prop_ro("block_size", &BatchAttention::block_size);
+}
+
+}  // namespace pagedattn::python

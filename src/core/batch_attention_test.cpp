@@ -1,0 +1,124 @@
+// BatchAttention: a planned step writes the step's keys at the plan's slots
+// and attends like the REFERENCE backend; bad plans and runs are rejected
+// before anything is written.
+#include <pagedattn/batch_attention.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "testing/expect_error.h"
+
+namespace pagedattn {
+namespace {
+
+constexpr int kHeads = 4;
+constexpr int kKvHeads = 2;
+constexpr int kHeadSize = 32;
+constexpr int kBlockSize = 4;
+constexpr std::int64_t kNumBlocks = 16;
+constexpr float kTolerance = 1e-5f;
+
+BatchAttentionOptions options(std::string backend) {
+  BatchAttentionOptions o;
+  o.num_heads = kHeads;
+  o.num_kv_heads = kKvHeads;
+  o.head_size = kHeadSize;
+  o.dtype = DType::F32;
+  o.block_size = kBlockSize;
+  o.sliding_window = 6;
+  o.logits_soft_cap = 20.0f;
+  o.backend = std::move(backend);
+  return o;
+}
+
+Tensor random_tensor(Dims shape, std::mt19937& rng) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  std::normal_distribution<float> dist;
+  std::vector<float> values(static_cast<std::size_t>(n));
+  for (float& v : values) v = dist(rng);
+  return Tensor::from_floats(values, shape, DType::F32);
+}
+
+// Two requests: a 3-token prefill after 5 cached tokens and a 1-token decode after 8.
+const std::vector<std::int32_t> kQueryStartLoc{0, 3, 4};
+const std::vector<std::int32_t> kSeqLens{8, 9};
+const std::vector<std::int32_t> kBlockTable{5, 2, 0, 7, 9, 11};  // [2, 3]
+constexpr std::int64_t kStride = 3;
+constexpr int kTokens = 4;
+
+struct StepResult {
+  Tensor out;
+  Tensor key_cache;
+};
+
+StepResult run_step(const std::string& backend, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  Tensor key_cache = random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  Tensor value_cache = random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  const Tensor q = random_tensor({kTokens, kHeads, kHeadSize}, rng);
+  const Tensor k = random_tensor({kTokens, kKvHeads, kHeadSize}, rng);
+  const Tensor v = random_tensor({kTokens, kKvHeads, kHeadSize}, rng);
+  Tensor out = Tensor::zeros({kTokens, kHeads, kHeadSize}, DType::F32);
+  BatchAttention attn(options(backend));
+  attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride);
+  attn.run(q, k, v, {key_cache, value_cache}, out);
+  return {out, key_cache};
+}
+
+TEST(BatchAttentionTest, CpuAttnMatchesReferenceAndWritesTheStepsKeysAtThePlansSlots) {
+  const StepResult ref = run_step("REFERENCE", 3);
+  const StepResult cpu = run_step("CPU_ATTN", 3);
+  const std::vector<float> want = to_float_vector(ref.out);
+  const std::vector<float> got = to_float_vector(cpu.out);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], kTolerance) << i;
+  // Token 0 of request 0 sits at position 5: block 2 (row entry 1), offset 1.
+  std::mt19937 rng(3);
+  random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
+  random_tensor({kTokens, kHeads, kHeadSize}, rng);
+  const Tensor k = random_tensor({kTokens, kKvHeads, kHeadSize}, rng);
+  EXPECT_EQ(to_float_vector(cpu.key_cache.select(0, 2).select(0, 1)), to_float_vector(k.select(0, 0)));
+  // The decode token (position 8) lands in block 11 (row entry 2), offset 0.
+  EXPECT_EQ(to_float_vector(cpu.key_cache.select(0, 11).select(0, 0)), to_float_vector(k.select(0, 3)));
+}
+
+TEST(BatchAttentionTest, RunBeforePlanIsRejected) {
+  BatchAttention attn(options("CPU_ATTN"));
+  const Tensor q = Tensor::zeros({1, kHeads, kHeadSize}, DType::F32);
+  const Tensor cache = Tensor::zeros({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
+  test::expect_invalid([&] { attn.run(q, {}, {}, {cache, cache}, q); }, "plan");
+}
+
+TEST(BatchAttentionTest, ABlockTableRowTooShortForItsSequenceIsRejected) {
+  BatchAttention attn(options("CPU_ATTN"));
+  const std::vector<std::int32_t> table{1, 2};  // [2, 1]: request 0 needs 2 blocks
+  test::expect_invalid([&] { attn.plan(kQueryStartLoc, kSeqLens, table, 1); }, "block_table row 0 length");
+}
+
+TEST(BatchAttentionTest, AStepPastTheFixedCapacityIsRejected) {
+  BatchAttentionOptions o = options("CPU_ATTN");
+  o.max_num_reqs = 1;
+  o.max_num_tokens = 4;
+  o.max_blocks_per_req = 3;
+  BatchAttention attn(o);
+  test::expect_invalid([&] { attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride); }, "number of requests");
+}
+
+TEST(BatchAttentionTest, ABlockIdPastTheCacheIsRejectedBeforeTheCacheIsWritten) {
+  BatchAttention attn(options("CPU_ATTN"));
+  attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride);
+  const Tensor q = Tensor::zeros({kTokens, kHeads, kHeadSize}, DType::F32);
+  const Tensor k = Tensor::from_floats(std::vector<float>(kTokens * kKvHeads * kHeadSize, 1.0f),
+                                       {kTokens, kKvHeads, kHeadSize}, DType::F32);
+  const Tensor small = Tensor::zeros({8, kBlockSize, kKvHeads, kHeadSize}, DType::F32);  // ids 9 and 11 are past it
+  test::expect_invalid([&] { attn.run(q, k, k, {small, small}, q); }, "block");
+  for (float x : to_float_vector(small)) ASSERT_EQ(x, 0.0f);
+}
+
+}  // namespace
+}  // namespace pagedattn
