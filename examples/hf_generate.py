@@ -13,6 +13,7 @@ continuations and whether they agree.
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import sys
 
@@ -109,10 +110,12 @@ def generate_batch(model, inputs: list[list[int]], steps: int) -> list[list[int]
     """model.generate_batch() (continuous batching over transformers' paged cache); new tokens per prompt."""
     from transformers import ContinuousBatchingConfig
 
-    # a small page keeps several pages per sequence; no CUDA graphs or compile, so each step calls attention
-    cb = ContinuousBatchingConfig(block_size=16, num_blocks=64, max_batch_tokens=256) \
-        if "block_size" in ContinuousBatchingConfig.__init__.__code__.co_varnames \
-        else ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=256)
+    # Small pages, so each sequence spans several; no CUDA graphs and no async batching: the attention function
+    # reads batch shapes on the host, which graph capture does not allow.
+    params = inspect.signature(ContinuousBatchingConfig).parameters
+    page = {"page_size" if "page_size" in params else "block_size": 16}
+    cb = ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=256, use_cuda_graph=False,
+                                  use_async_batching=False, **page)
     with torch.no_grad():
         results = model.generate_batch(inputs, generation_config=_greedy_config(steps),
                                        continuous_batching_config=cb, warmup=False)
