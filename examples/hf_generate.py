@@ -106,7 +106,7 @@ def generate(model, inputs: list[list[int]], steps: int) -> list[list[int]]:
     return out[:, ids.shape[1]:].tolist()
 
 
-def generate_batch(model, inputs: list[list[int]], steps: int) -> list[list[int]]:
+def generate_batch(model, inputs: list[list[int]], steps: int, max_batch_tokens: int = 256) -> list[list[int]]:
     """model.generate_batch() (continuous batching over transformers' paged cache); new tokens per prompt."""
     from transformers import ContinuousBatchingConfig
 
@@ -114,7 +114,7 @@ def generate_batch(model, inputs: list[list[int]], steps: int) -> list[list[int]
     # reads batch shapes on the host, which graph capture does not allow.
     params = inspect.signature(ContinuousBatchingConfig).parameters
     page = {"page_size" if "page_size" in params else "block_size": 16}
-    cb = ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=256, use_cuda_graph=False,
+    cb = ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=max_batch_tokens, use_cuda_graph=False,
                                   use_async_batching=False, **page)
     with torch.no_grad():
         results = model.generate_batch(inputs, generation_config=_greedy_config(steps),

@@ -91,6 +91,19 @@ def test_left_padded_generate(device, name):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_name", ["llama", "gemma2"])
+def test_chunked_prefill_generate_batch(model_name, device, name):
+    """40-token prompts through 16-token batches: prefill continues over cached chunks, and on sliding layers
+    a chunk may overwrite ring slots it still reads (the gather fallback)."""
+    gen = torch.Generator().manual_seed(3)
+    inputs = torch.randint(1, hf.VOCAB, (2, 40), generator=gen).tolist()
+    ref_model = hf.build_model(model_name, hf.reference_implementation(model_name), device, _dtype(device))
+    expected = hf.generate(ref_model, inputs, 20)
+    model = hf.build_model(model_name, name, device, _dtype(device))
+    assert hf.generate_batch(model, inputs, 20, max_batch_tokens=16) == expected
+
+
 def test_unsupported_arguments_raise(name):
     model = hf.build_model("llama", name, "cpu", torch.float32)
     attn = model.model.layers[0].self_attn

@@ -137,9 +137,9 @@ def _dense_forward(module, query, key, value, attention_mask, scaling, window, s
                          f"length {Tq} and the key length {Tk}")
     k_view, m = _token_rows_view(key)
     v_view, mv = _token_rows_view(value)
-    if mv != m:  # key and value laid out differently: give value the key's layout
-        v_view, _ = _token_rows_view(value.contiguous() if key.is_contiguous() else value.clone(
-            memory_format=torch.preserve_format).as_strided(key.shape, key.stride()))
+    if mv != m:  # one block table serves both, so give them the same layout
+        k_view, m = _token_rows_view(key.contiguous())
+        v_view, _ = _token_rows_view(value.contiguous())
     seqused_k = mask.sum(dim=1, dtype=torch.int32)
     max_k = int(seqused_k.max())
     # stable sort puts each row's valid positions first, in order
@@ -184,7 +184,7 @@ class _PagedLayer:
 
     k_rows / v_rows: [N, Hkv, D] views whose row i is physical cache slot i; read_index [total_k] / write_index
     [total_q]: slots per key / new token; sentinel: the read_index value that stands for "a new token" in a
-    sliding-window ring buffer (None for full attention); window: the ring size (None for full attention).
+    sliding-window ring buffer and ring: the ring's size in tokens (both None for full attention).
     """
 
     __slots__ = ("k_rows", "v_rows", "read_index", "write_index", "sentinel", "ring")
