@@ -190,7 +190,10 @@ class _PagedLayer:
     __slots__ = ("k_rows", "v_rows", "read_index", "write_index", "sentinel", "ring")
 
     def __init__(self, k_rows, v_rows, read_index, write_index, sentinel, ring):
-        self.k_rows, self.v_rows = k_rows, v_rows
+        # Some versions hand out K and V as views into one interleaved buffer, V starting a page later; both are
+        # addressed by the same slot indices, all below V's length, so both are cut to it.
+        rows = min(k_rows.shape[0], v_rows.shape[0])
+        self.k_rows, self.v_rows = k_rows[:rows], v_rows[:rows]
         self.read_index, self.write_index = read_index, write_index
         self.sentinel, self.ring = sentinel, ring
 
