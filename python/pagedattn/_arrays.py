@@ -35,13 +35,28 @@ def _is_torch(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+# Per type: whether it publishes DLPack's C exchange API (PyTorch >= 2.10).
+# The module then reads such tensors, float8 included, and their framework's
+# current stream through C calls, so they pass through untouched.
+_EXCHANGE = {}
+
+
+def direct(x) -> bool:
+    """Whether the module reads x (and its stream) through the C exchange API."""
+    t = type(x)
+    fast = _EXCHANGE.get(t)
+    if fast is None:
+        fast = _EXCHANGE[t] = hasattr(t, "__dlpack_c_exchange_api__")
+    return fast
+
+
 def view(x):
     """x as the module reads it, zero-copy. NumPy's ml_dtypes bfloat16 and
     float8 arrays cross as their bits (uint16 / uint8), which the module reads
-    as bfloat16 / by the KV-cache dtype; torch float8 tensors cross as uint8
-    for the same reason (DLPack exporters differ on float8)."""
-    if x is None:
-        return None
+    as bfloat16 / by the KV-cache dtype; float8 tensors of a framework without
+    the C exchange API cross as uint8 (DLPack exporters differ on float8)."""
+    if x is None or direct(x):
+        return x
     if _is_torch(x):
         if x.dtype.itemsize == 1 and x.dtype.is_floating_point:
             return x.view(sys.modules["torch"].uint8)
@@ -58,10 +73,11 @@ def view(x):
     return x
 
 
-def stream_of(x) -> int:
-    """torch's current CUDA stream on x's device as an integer (0 otherwise)."""
-    if not _is_torch(x) or not x.is_cuda:
-        return 0
+def stream_of(x):
+    """The CUDA stream to run on as an integer, or None when the module asks
+    x's framework itself (C exchange API) or x is not a CUDA tensor."""
+    if x is None or direct(x) or not _is_torch(x) or not x.is_cuda:
+        return None
     torch = sys.modules["torch"]
     return torch.cuda.current_stream(x.device).cuda_stream
 

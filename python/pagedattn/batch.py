@@ -1,7 +1,7 @@
 """FlashInfer-style plan/run over pagedattn's backends."""
 
 from pagedattn import _pagedattn
-from pagedattn._arrays import stream_of, view
+from pagedattn._arrays import direct, stream_of, view
 
 _TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
 
@@ -56,7 +56,7 @@ class BatchAttention:
 
     def plan(self, query_start_loc, seq_lens, block_table):
         """Plans a step; not capturable (it runs on the host and uploads)."""
-        stream = 0
+        stream = None
         if self._device.startswith("cuda"):
             import torch
 
@@ -69,16 +69,19 @@ class BatchAttention:
         ``(key_cache, value_cache)`` pair of ``[NB, BS, Hkv, D]`` or one
         ``[2, NB, BS, Hkv, D]`` tensor (vLLM's FlashAttention layout); ``out`` defaults to a
         new tensor like q. Returns ``out``."""
-        if isinstance(kv_cache, (tuple, list)):
+        if type(kv_cache) is tuple or type(kv_cache) is list:
             key_cache, value_cache = kv_cache
         else:
             key_cache, value_cache = kv_cache[0], kv_cache[1]
         if out is None:
             out = q.new_empty(q.shape) if hasattr(q, "new_empty") else _numpy_like(q)
-        self._impl.run(view(q), view(k), view(v), view(key_cache), view(value_cache), view(out), lse,
-                       view(k_scale), view(v_scale), stream_of(q))
+        if direct(q):
+            # The decode fast path: tensors the module reads through the C exchange API, stream included.
+            self._impl.run(q, k, v, key_cache, value_cache, out, lse, k_scale, v_scale)
+        else:
+            self._impl.run(view(q), view(k), view(v), view(key_cache), view(value_cache), view(out), lse,
+                           view(k_scale), view(v_scale), stream_of(q))
         return out
-
 
 def _numpy_like(q):
     import numpy as np

@@ -18,7 +18,7 @@ namespace {
 constexpr std::string_view kPlanWhere = "BatchAttention.plan";
 constexpr std::string_view kRunWhere = "BatchAttention.run";
 
-std::span<const std::int32_t> host_span(const Array& a, std::string_view name, int rank) {
+std::span<const std::int32_t> host_span(nb::handle a, std::string_view name, int rank) {
   const TensorView t = view_of(a, kPlanWhere, name);
   check_rank(t, kPlanWhere, name, rank);
   check_dtype(t, kPlanWhere, name, DType::I32);
@@ -60,24 +60,24 @@ BatchAttentionOptions make_options(int num_heads, int head_size, std::optional<i
   return o;
 }
 
-void plan(BatchAttention& self, const Array& query_start_loc, const Array& seq_lens, const Array& block_table,
-          std::uintptr_t stream) {
+void plan(BatchAttention& self, nb::handle query_start_loc, nb::handle seq_lens, nb::handle block_table,
+          std::optional<std::uintptr_t> stream) {
   const std::span<const std::int32_t> table = host_span(block_table, "block_table", 2);
-  const std::int64_t stride = static_cast<std::int64_t>(block_table.shape(1));
+  const std::int64_t stride = view_of(block_table, kPlanWhere, "block_table").size(1);
   const auto qsl = host_span(query_start_loc, "query_start_loc", 1);
   const auto lens = host_span(seq_lens, "seq_lens", 1);
-  StreamScope scope(self.impl_params().device, stream);
+  StreamScope scope(self.impl_params().device, stream, nb::handle());
   self.plan(qsl, lens, table, stride);
 }
 
-void run(BatchAttention& self, const Array& q, const OptArray& k, const OptArray& v, const Array& key_cache,
-         const Array& value_cache, const Array& out, const OptArray& lse, const OptArray& k_scale,
-         const OptArray& v_scale, std::uintptr_t stream) {
+void run(BatchAttention& self, nb::handle q, nb::handle k, nb::handle v, nb::handle key_cache,
+         nb::handle value_cache, nb::handle out, nb::handle lse, nb::handle k_scale,
+         nb::handle v_scale, std::optional<std::uintptr_t> stream) {
   const DType storage = kv_cache_storage_dtype(self.impl_params().kv_cache_dtype, self.impl_params().dtype);
   const KVCacheView cache{reinterpret(view_of(key_cache, kRunWhere, "key_cache"), storage, kRunWhere, "key_cache"),
                           reinterpret(view_of(value_cache, kRunWhere, "value_cache"), storage, kRunWhere,
                                       "value_cache")};
-  StreamScope scope(self.impl_params().device, stream);
+  StreamScope scope(self.impl_params().device, stream, q);
   self.run(view_of(q, kRunWhere, "q"), view_of(k, kRunWhere, "k"), view_of(v, kRunWhere, "v"), cache,
            view_of(out, kRunWhere, "out"), view_of(lse, kRunWhere, "lse"), view_of(k_scale, kRunWhere, "k_scale"),
            view_of(v_scale, kRunWhere, "v_scale"));
@@ -85,13 +85,13 @@ void run(BatchAttention& self, const Array& q, const OptArray& k, const OptArray
 
 // Host seconds per run() call over `iterations` calls made from C++: the
 // baseline the Python call's overhead is measured against (python/bench/).
-double time_runs(BatchAttention& self, const Array& q, const Array& key_cache, const Array& value_cache,
-                 const Array& out, int iterations, std::uintptr_t stream) {
+double time_runs(BatchAttention& self, nb::handle q, nb::handle key_cache, nb::handle value_cache,
+                 nb::handle out, int iterations, std::optional<std::uintptr_t> stream) {
   check_arg(iterations > 0, "BatchAttention._time_runs", "iterations", "> 0", iterations);
   const TensorView query = view_of(q, kRunWhere, "q");
   const KVCacheView cache{view_of(key_cache, kRunWhere, "key_cache"), view_of(value_cache, kRunWhere, "value_cache")};
   const TensorView output = view_of(out, kRunWhere, "out");
-  StreamScope scope(self.impl_params().device, stream);
+  StreamScope scope(self.impl_params().device, stream, q);
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) self.run(query, {}, {}, cache, output);
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
@@ -121,14 +121,14 @@ void register_batch(nb::module_& m) {
            arg("sliding_window").none() = nb::none(), arg("logits_soft_cap").none() = nb::none(),
            arg("alibi_slopes") = std::vector<float>{}, arg("sinks") = std::vector<float>{}, arg("backend") = "",
            arg("max_num_reqs") = 0, arg("max_num_tokens") = 0, arg("max_blocks_per_req") = 0)
-      .def("plan", &plan, arg("query_start_loc"), arg("seq_lens"), arg("block_table"), arg("stream") = 0,
+      .def("plan", &plan, arg("query_start_loc"), arg("seq_lens"), arg("block_table"), arg("stream").none() = nb::none(),
            "query_start_loc [B+1], seq_lens [B], block_table [B, M]: int32 host arrays.")
       .def("run", &run, arg("q"), arg("k").none(), arg("v").none(), arg("key_cache"), arg("value_cache"),
            arg("out"), arg("lse").none() = nb::none(), arg("k_scale").none() = nb::none(),
-           arg("v_scale").none() = nb::none(), arg("stream") = 0,
+           arg("v_scale").none() = nb::none(), arg("stream").none() = nb::none(),
            "Writes k/v (when given) at the plan's slots, then attends into out.")
       .def("_time_runs", &time_runs, arg("q"), arg("key_cache"), arg("value_cache"), arg("out"),
-           arg("iterations"), arg("stream") = 0)
+           arg("iterations"), arg("stream").none() = nb::none())
       .def_prop_ro("backend", [](const BatchAttention& self) { return std::string(self.backend().name()); })
       .def_prop_ro("num_tokens", &BatchAttention::num_tokens)
       .def_prop_ro("block_size", &BatchAttention::block_size);

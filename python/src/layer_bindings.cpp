@@ -87,12 +87,12 @@ Step make_step(const ModelContext& model, const std::vector<std::tuple<int, int,
   return {builder.build(common), model.device(), common.num_actual_tokens};
 }
 
-nb::object forward(Attention& layer, const Step& step, const Array& query, const OptArray& key, const OptArray& value,
-                   const nb::object& output, std::uintptr_t stream) {
-  const TensorView out = output.is_none() ? TensorView{} : view_of(nb::cast<Array>(output), kForwardWhere, "output");
+nb::object forward(Attention& layer, const Step& step, nb::handle query, nb::handle key, nb::handle value,
+                   const nb::object& output, std::optional<std::uintptr_t> stream) {
+  const TensorView out = view_of(output, kForwardWhere, "output");
   ForwardContext context;
   context.layer_metadata = step.metadata;
-  if (step.device.is_cuda()) context.stream = reinterpret_cast<void*>(stream);
+  context.stream = resolve_stream(step.device, stream, query);
   ForwardContextScope scope(std::move(context));
   Tensor result = layer.forward(view_of(query, kForwardWhere, "query"), view_of(key, kForwardWhere, "key"),
                                 view_of(value, kForwardWhere, "value"), out);
@@ -162,7 +162,7 @@ void register_layer(nb::module_& m) {
            arg("prefix") = "", arg("attn_type") = "decoder", arg("sinks").none() = nb::none(),
            nb::keep_alive<1, 2>())
       .def("forward", &forward, arg("step"), arg("query"), arg("key").none(), arg("value").none(),
-           arg("output").none() = nb::none(), arg("stream") = 0,
+           arg("output").none() = nb::none(), arg("stream").none() = nb::none(),
            "Stores key/value at the step's slots and attends; returns the output [T, H*D].")
       .def("extra_repr", &Attention::extra_repr)
       .def_prop_ro("layer_name", &Attention::layer_name)

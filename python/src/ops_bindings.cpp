@@ -19,14 +19,14 @@ CacheDType parse_cache(const std::string& name, std::string_view where) {
   return *t;
 }
 
-void reshape_and_cache_flash(const Array& key, const Array& value, const Array& key_cache, const Array& value_cache,
-                             const Array& slot_mapping, const std::string& kv_cache_dtype, const OptArray& k_scale,
-                             const OptArray& v_scale, std::uintptr_t stream) {
+void reshape_and_cache_flash(nb::handle key, nb::handle value, nb::handle key_cache, nb::handle value_cache,
+                             nb::handle slot_mapping, const std::string& kv_cache_dtype, nb::handle k_scale,
+                             nb::handle v_scale, std::optional<std::uintptr_t> stream) {
   constexpr std::string_view where = "reshape_and_cache_flash";
   const TensorView k = view_of(key, where, "key");
   const CacheDType cache_dtype = parse_cache(kv_cache_dtype, where);
   const DType storage = kv_cache_storage_dtype(cache_dtype, k.dtype());
-  StreamScope scope(k.device(), stream);
+  StreamScope scope(k.device(), stream, key);
   reshape_and_cache(k, view_of(value, where, "value"),
                     reinterpret(view_of(key_cache, where, "key_cache"), storage, where, "key_cache"),
                     reinterpret(view_of(value_cache, where, "value_cache"), storage, where, "value_cache"),
@@ -34,24 +34,24 @@ void reshape_and_cache_flash(const Array& key, const Array& value, const Array& 
                     view_of(v_scale, where, "v_scale"));
 }
 
-void merge_states(const Array& output, const Array& prefix_output, const Array& prefix_lse,
-                  const Array& suffix_output, const Array& suffix_lse, const OptArray& output_lse,
-                  std::uintptr_t stream) {
+void merge_states(nb::handle output, nb::handle prefix_output, nb::handle prefix_lse,
+                  nb::handle suffix_output, nb::handle suffix_lse, nb::handle output_lse,
+                  std::optional<std::uintptr_t> stream) {
   constexpr std::string_view where = "merge_attn_states";
   const TensorView out = view_of(output, where, "output");
-  StreamScope scope(out.device(), stream);
+  StreamScope scope(out.device(), stream, output);
   merge_attn_states(out, view_of(prefix_output, where, "prefix_output"), view_of(prefix_lse, where, "prefix_lse"),
                     view_of(suffix_output, where, "suffix_output"), view_of(suffix_lse, where, "suffix_lse"),
                     view_of(output_lse, where, "output_lse"));
 }
 
-std::string varlen(const Array& q, const Array& k, const Array& v, const Array& out, const OptArray& lse,
-                   const Array& cu_seqlens_q, const OptArray& cu_seqlens_k, const OptArray& seqused_k,
-                   const OptArray& block_table, long max_seqlen_q, long max_seqlen_k,
+std::string varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+                   nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+                   nb::handle block_table, long max_seqlen_q, long max_seqlen_k,
                    std::optional<float> softmax_scale, bool causal, long window_left, long window_right,
-                   float softcap, const OptArray& alibi_slopes, const OptArray& sinks, const OptArray& k_descale,
-                   const OptArray& v_descale, const std::string& kv_cache_dtype, const std::string& backend,
-                   const std::string& where, std::uintptr_t stream) {
+                   float softcap, nb::handle alibi_slopes, nb::handle sinks, nb::handle k_descale,
+                   nb::handle v_descale, const std::string& kv_cache_dtype, const std::string& backend,
+                   const std::string& where, std::optional<std::uintptr_t> stream) {
   VarlenArgs a;
   a.q = view_of(q, where, "q");
   a.k = view_of(k, where, "k");
@@ -75,7 +75,7 @@ std::string varlen(const Array& q, const Array& k, const Array& v, const Array& 
   a.v_descale = view_of(v_descale, where, "v_descale");
   a.kv_cache_dtype = parse_cache(kv_cache_dtype, where);
   a.backend = backend;
-  StreamScope scope(a.q.device(), stream);
+  StreamScope scope(a.q.device(), stream, q);
   varlen_attention(std::move(a), where);
   return last_varlen_backend();
 }
@@ -86,17 +86,17 @@ void register_ops(nb::module_& m) {
   using nb::arg;
   m.def("reshape_and_cache_flash", &reshape_and_cache_flash, arg("key"), arg("value"), arg("key_cache"),
         arg("value_cache"), arg("slot_mapping"), arg("kv_cache_dtype"), arg("k_scale").none(),
-        arg("v_scale").none(), arg("stream") = 0,
+        arg("v_scale").none(), arg("stream").none() = nb::none(),
         "Stores key/value [T, Hkv, D] into the paged caches [NB, BS, Hkv, D] at slot_mapping [N] i64 (-1 skips).");
   m.def("merge_attn_states", &merge_states, arg("output"), arg("prefix_output"), arg("prefix_lse"),
-        arg("suffix_output"), arg("suffix_lse"), arg("output_lse").none() = nb::none(), arg("stream") = 0,
+        arg("suffix_output"), arg("suffix_lse"), arg("output_lse").none() = nb::none(), arg("stream").none() = nb::none(),
         "Merges two partial attention results [T, H, D] by their LSE [H, T].");
   m.def("varlen_attention", &varlen, arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(),
         arg("cu_seqlens_q"), arg("cu_seqlens_k").none(), arg("seqused_k").none(), arg("block_table").none(),
         arg("max_seqlen_q"), arg("max_seqlen_k"), arg("softmax_scale").none(), arg("causal"), arg("window_left"),
         arg("window_right"), arg("softcap"), arg("alibi_slopes").none(), arg("sinks").none(),
         arg("k_descale").none(), arg("v_descale").none(), arg("kv_cache_dtype"), arg("backend"), arg("where"),
-        arg("stream") = 0,
+        arg("stream").none() = nb::none(),
         "FlashAttention varlen attention over a paged or dense KV; returns the backend that ran it.");
 }
 

@@ -2,15 +2,53 @@
 
 #include <pagedattn/error.h>
 
+#include <unordered_map>
+
 namespace pagedattn::python {
 namespace {
 
 namespace dl = nb::dlpack;
 
+// DLPack's C exchange API (dlpack.h >= 1.2), the members this module calls.
+// The table is the framework's and lives for the process.
+struct ExchangeVersion {
+  std::uint32_t major;
+  std::uint32_t minor;
+};
+struct ExchangeApi {
+  ExchangeVersion version;
+  const void* prev_api;
+  const void* managed_tensor_allocator;
+  const void* managed_tensor_from_py_object_no_sync;
+  const void* managed_tensor_to_py_object_no_sync;
+  int (*dltensor_from_py_object_no_sync)(void* py_object, dl::dltensor* out);
+  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id, void** out_stream);
+};
+constexpr std::uint32_t kExchangeMajor = 1;
+constexpr const char* kExchangeCapsule = "dlpack_exchange_api";
+
+// The exchange API of a Python type, looked up once per type (null: none).
+const ExchangeApi* exchange_api(PyTypeObject* type) {
+  static std::unordered_map<PyTypeObject*, const ExchangeApi*> by_type;
+  const auto it = by_type.find(type);
+  if (it != by_type.end()) return it->second;
+  const ExchangeApi* api = nullptr;
+  PyObject* capsule = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+  if (capsule != nullptr) {
+    api = static_cast<const ExchangeApi*>(PyCapsule_GetPointer(capsule, kExchangeCapsule));
+    Py_DECREF(capsule);
+    if (api != nullptr && (api->version.major != kExchangeMajor || api->dltensor_from_py_object_no_sync == nullptr)) {
+      api = nullptr;
+    }
+  }
+  PyErr_Clear();
+  by_type.emplace(type, api);
+  return api;
+}
+
 std::optional<DType> dtype_of(dl::dtype t) {
   if (t.lanes != 1) return std::nullopt;
-  const auto code = static_cast<dl::dtype_code>(t.code);
-  switch (code) {
+  switch (static_cast<dl::dtype_code>(t.code)) {
     case dl::dtype_code::Float:
       if (t.bits == 32) return DType::F32;
       if (t.bits == 16) return DType::F16;
@@ -34,47 +72,74 @@ std::optional<DType> dtype_of(dl::dtype t) {
   }
 }
 
-std::optional<Device> device_of(const Array& a) {
-  switch (a.device_type()) {
+std::optional<Device> device_of(std::int32_t type, std::int32_t id) {
+  switch (type) {
     case nb::device::cpu::value:
     case nb::device::cuda_host::value:  // pinned host memory
       return Device::cpu();
     case nb::device::cuda::value:
     case nb::device::cuda_managed::value:
-      return Device::cuda(a.device_id());
+      return Device::cuda(id);
     default:
       return std::nullopt;
   }
 }
 
-}  // namespace
-
-TensorView view_of(const Array& a, std::string_view where, std::string_view name) {
-  const std::optional<DType> dtype = dtype_of(a.dtype());
-  if (!dtype) {
+// A TensorView of a DLPack tensor description (strides null = row-major).
+TensorView from_dltensor(void* data, dl::dtype dtype, std::int32_t device_type, std::int32_t device_id, int ndim,
+                         const std::int64_t* shape, const std::int64_t* strides, std::string_view where,
+                         std::string_view name) {
+  const std::optional<DType> t = dtype_of(dtype);
+  if (!t) {
     throw_invalid(where, fmt::format("{} dtype", name), "f32, f16, bf16, fp8 (e4m3fn, e5m2), i32, i64 or u8",
-                  fmt::format("DLPack code {} with {} bits", static_cast<int>(a.dtype().code),
-                              static_cast<int>(a.dtype().bits)));
+                  fmt::format("DLPack code {} with {} bits", static_cast<int>(dtype.code), static_cast<int>(dtype.bits)));
   }
-  const std::optional<Device> device = device_of(a);
+  const std::optional<Device> device = device_of(device_type, device_id);
   if (!device) {
-    throw_invalid(where, fmt::format("{} device", name), "cpu or cuda",
-                  fmt::format("DLPack device type {}", a.device_type()));
+    throw_invalid(where, fmt::format("{} device", name), "cpu or cuda", fmt::format("DLPack device type {}", device_type));
   }
-  if (a.ndim() == 0) return TensorView(a.data(), *dtype, *device, Dims{1}, Dims{1});
-  check_arg(a.ndim() <= static_cast<std::size_t>(kMaxTensorDims), where, fmt::format("{} rank", name),
-            fmt::format("<= {}", kMaxTensorDims), a.ndim());
-  Dims shape;
-  Dims strides;
-  for (std::size_t d = 0; d < a.ndim(); ++d) {
-    shape.push_back(static_cast<std::int64_t>(a.shape(d)));
-    strides.push_back(a.stride(d));
+  if (ndim == 0) return TensorView(data, *t, *device, Dims{1}, Dims{1});
+  check_arg(ndim > 0 && ndim <= kMaxTensorDims, where, fmt::format("{} rank", name), fmt::format("<= {}", kMaxTensorDims),
+            ndim);
+  Dims dims;
+  Dims steps;
+  for (int d = 0; d < ndim; ++d) dims.push_back(shape[d]);
+  if (strides != nullptr) {
+    for (int d = 0; d < ndim; ++d) steps.push_back(strides[d]);
+  } else {
+    std::int64_t step = 1;
+    Dims reversed;
+    for (int d = ndim - 1; d >= 0; --d) {
+      reversed.push_back(step);
+      step *= shape[d];
+    }
+    for (int d = ndim - 1; d >= 0; --d) steps.push_back(reversed[d]);
   }
-  return TensorView(a.data(), *dtype, *device, shape, strides);
+  return TensorView(data, *t, *device, dims, steps);
 }
 
-TensorView view_of(const OptArray& a, std::string_view where, std::string_view name) {
-  return a ? view_of(*a, where, name) : TensorView{};
+}  // namespace
+
+TensorView view_of(nb::handle obj, std::string_view where, std::string_view name) {
+  if (obj.is_none()) return {};
+  if (const ExchangeApi* api = exchange_api(Py_TYPE(obj.ptr()))) {
+    dl::dltensor t;
+    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) throw nb::python_error();
+    return from_dltensor(static_cast<char*>(t.data) + t.byte_offset, t.dtype, t.device.device_type,
+                         t.device.device_id, t.ndim, t.shape, t.strides, where, name);
+  }
+  nb::ndarray<> a;
+  if (!nb::try_cast(obj, a)) {
+    throw_invalid(where, name, "a tensor or array (DLPack or the buffer protocol)",
+                  nb::type_name(obj.type()).c_str());
+  }
+  std::vector<std::int64_t> shape(a.ndim());
+  for (std::size_t d = 0; d < a.ndim(); ++d) shape[d] = static_cast<std::int64_t>(a.shape(d));
+  std::vector<std::int64_t> strides(a.ndim());
+  for (std::size_t d = 0; d < a.ndim(); ++d) strides[d] = a.stride(d);
+  // The memory belongs to `obj`, which outlives the call; the import handle may go.
+  return from_dltensor(a.data(), a.dtype(), a.device_type(), a.device_id(), static_cast<int>(a.ndim()), shape.data(),
+                       strides.data(), where, name);
 }
 
 TensorView reinterpret(const TensorView& t, DType dtype, std::string_view where, std::string_view name) {
@@ -84,12 +149,23 @@ TensorView reinterpret(const TensorView& t, DType dtype, std::string_view where,
   return TensorView(t.data(), dtype, t.device(), t.shape(), t.strides());
 }
 
-StreamScope::StreamScope(Device device, std::uintptr_t stream) {
-  if (device.is_cuda() && stream != 0) {
-    ForwardContext context;
-    context.stream = reinterpret_cast<void*>(stream);
-    scope_.emplace(std::move(context));
+void* resolve_stream(Device device, std::optional<std::uintptr_t> stream, nb::handle like) {
+  if (!device.is_cuda()) return nullptr;
+  if (stream) return reinterpret_cast<void*>(*stream);
+  void* current = nullptr;
+  if (const ExchangeApi* api = like.is_valid() ? exchange_api(Py_TYPE(like.ptr())) : nullptr;
+      api != nullptr && api->current_work_stream != nullptr) {
+    if (api->current_work_stream(nb::device::cuda::value, device.index, &current) != 0) throw nb::python_error();
   }
+  return current;
+}
+
+StreamScope::StreamScope(Device device, std::optional<std::uintptr_t> stream, nb::handle like) {
+  void* current = resolve_stream(device, stream, like);
+  if (current == nullptr) return;
+  ForwardContext context;
+  context.stream = current;
+  scope_.emplace(std::move(context));
 }
 
 }  // namespace pagedattn::python

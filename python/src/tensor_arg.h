@@ -1,6 +1,12 @@
 // Tensors crossing from Python: any DLPack or buffer-protocol array (PyTorch
 // CPU/CUDA tensors, NumPy arrays) viewed zero-copy as a TensorView, and the
 // CUDA stream the caller's framework is on.
+//
+// Frameworks that publish DLPack's C exchange API on their tensor type
+// (`__dlpack_c_exchange_api__`, PyTorch >= 2.10) are read through its C
+// functions: a view and the current stream without a Python call, which is
+// most of a decode call's host time otherwise (docs/python.md, "Host
+// overhead"). Everything else goes through nanobind's ndarray import.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -15,26 +21,30 @@
 namespace pagedattn::python {
 
 namespace nb = nanobind;
-using Array = nb::ndarray<>;
-using OptArray = std::optional<Array>;
 
-// A view of `a` (same memory, shape and element strides). 16-bit unsigned
-// arrays are read as bfloat16 (NumPy's ml_dtypes.bfloat16 crosses as its
-// bits); a 0-d array is viewed as [1]. Throws InvalidArgument naming `name`
+// A view of `obj` (same memory, shape and element strides); undefined for
+// None. 16-bit unsigned arrays are read as bfloat16 (NumPy's
+// ml_dtypes.bfloat16 crosses as its bits); a 0-d array is viewed as [1].
+// Throws InvalidArgument naming `name` for objects that are not arrays and
 // for dtypes and devices the library has no use for.
-TensorView view_of(const Array& a, std::string_view where, std::string_view name);
-// Undefined when `a` is empty.
-TensorView view_of(const OptArray& a, std::string_view where, std::string_view name);
+TensorView view_of(nb::handle obj, std::string_view where, std::string_view name);
 
 // The same view with its element type replaced by one of equal size (u8
 // cache bytes read as fp8).
 TensorView reinterpret(const TensorView& t, DType dtype, std::string_view where, std::string_view name);
 
-// Installs `stream` (a cudaStream_t as an integer; 0 = the legacy default
-// stream) as the current stream for one call, when the call runs on CUDA.
+// The stream a call on `device` runs on (null off CUDA): `stream` when the
+// caller passed one, else `like`'s framework's current stream on the device
+// (C exchange API), else null, the legacy default stream.
+void* resolve_stream(Device device, std::optional<std::uintptr_t> stream, nb::handle like);
+
+// Installs the stream a CUDA call runs on for its duration: `stream` when
+// the caller passed one (a cudaStream_t as an integer), else the current
+// stream of `like`'s framework on its device when the framework exposes it
+// through the C exchange API, else the legacy default stream.
 class StreamScope {
  public:
-  StreamScope(Device device, std::uintptr_t stream);
+  StreamScope(Device device, std::optional<std::uintptr_t> stream, nb::handle like);
 
  private:
   std::optional<ForwardContextScope> scope_;
