@@ -2,8 +2,9 @@
 
 Small configs of real architectures with seeded unit-gain random weights (examples/hf_generate.py builds them),
 32 greedy steps, pagedattn against sdpa (eager where the architecture has no sdpa, e.g. Gemma-2 with some
-transformers versions). CPU runs f32 (CPU_ATTN); CUDA runs f16 (CUDA_FLASH has no f32, and f16 rounds 8x
-finer than bf16, so a random model's near-ties flip less often).
+transformers versions). CPU runs f32 (CPU_ATTN): every token must agree. CUDA runs f16 (CUDA_FLASH has no
+f32, and f16 rounds 8x finer than bf16): every token must agree up to a tie, a step where the f32 reference's
+top two logits are within f16's resolution (F16_TIE_MARGIN), and at least one prompt must agree throughout.
 """
 
 from __future__ import annotations
@@ -46,18 +47,50 @@ def name():
     return pa_tf.register()
 
 
-def _check(model_name, device, path, name, num_prompts=2):
+# f16 (CUDA) only: a first difference is accepted when the two tokens are the f32 reference's top two and
+# their logits lie within this of each other there, a tie at f16's resolution (its spacing is 2e-3 for logits
+# of 2 to 4, the size these models produce). Everything after a tie is a different continuation and is not
+# compared. f32 (CPU) runs must agree at every step.
+F16_TIE_MARGIN = 5e-3
+
+
+def _tie_margin(model_name, device, prefix, want, got):
+    """The f32 reference's top-two logit gap after `prefix` when {want, got} are its top two, else None."""
+    model = hf.build_model(model_name, hf.reference_implementation(model_name), device, torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prefix], device=device)).logits[0, -1]
+    top = torch.topk(logits, 2)
+    if set(top.indices.tolist()) != {want, got}:
+        return None
+    return float(top.values[0] - top.values[1])
+
+
+def _assert_same_greedy(model_name, device, inputs, expected, got, steps):
+    assert len(got) == len(expected) == len(inputs)
+    full = 0
+    for i, (prompt, e, g) in enumerate(zip(inputs, expected, got)):
+        assert len(g) == steps, f"prompt {i}: {len(g)} tokens"
+        if g == e:
+            full += 1
+            continue
+        j = next(j for j in range(steps) if e[j] != g[j])
+        margin = _tie_margin(model_name, device, prompt + e[:j], e[j], g[j]) if device != "cpu" else None
+        assert margin is not None and margin < F16_TIE_MARGIN, (
+            f"prompt {i}: first difference at step {j} ({g[j]} instead of {e[j]}), not a tie of the f32 reference "
+            f"(top-two gap {margin})")
+        print(f"{model_name} {device} prompt {i}: tie at step {j} (f32 reference top-two gap {margin:.5f}); "
+              f"identical before it")
+    assert full > 0, "no prompt matched over every step"
+
+
+def _check(model_name, device, path, name, num_prompts=4):
     inputs = hf.prompts(num_prompts)
     ref_model = hf.build_model(model_name, hf.reference_implementation(model_name), device, _dtype(device))
     expected = hf.generate(ref_model, inputs, STEPS)
     del ref_model
     model = hf.build_model(model_name, name, device, _dtype(device))
     run = hf.generate_batch if path == "generate_batch" else hf.generate
-    got = run(model, inputs, STEPS)
-    assert len(got) == len(expected) == num_prompts
-    for i, (e, g) in enumerate(zip(expected, got)):
-        assert len(g) == STEPS, f"prompt {i}: {len(g)} tokens"
-        assert g == e, f"prompt {i}: first difference at step {next(j for j in range(STEPS) if e[j] != g[j])}"
+    _assert_same_greedy(model_name, device, inputs, expected, run(model, inputs, STEPS), STEPS)
 
 
 @pytest.mark.parametrize("path", ["generate", "generate_batch"])
@@ -101,7 +134,8 @@ def test_chunked_prefill_generate_batch(model_name, device, name):
     ref_model = hf.build_model(model_name, hf.reference_implementation(model_name), device, _dtype(device))
     expected = hf.generate(ref_model, inputs, 20)
     model = hf.build_model(model_name, name, device, _dtype(device))
-    assert hf.generate_batch(model, inputs, 20, max_batch_tokens=16) == expected
+    _assert_same_greedy(model_name, device, inputs, expected, hf.generate_batch(model, inputs, 20, max_batch_tokens=16),
+                        20)
 
 
 def test_unsupported_arguments_raise(name):
