@@ -124,6 +124,21 @@ AttentionOptions layer_options(std::optional<int> num_kv_heads,
   return o;
 }
 
+// The model contexts entered with `with`, innermost last (vLLM's
+// set_current_vllm_config): Attention without model= registers in the
+// innermost one. Guarded by the GIL.
+std::vector<ModelContext*>& entered_models() {
+  static std::vector<ModelContext*> stack;
+  return stack;
+}
+
+ModelContext& model_for(ModelContext* given) {
+  if (given != nullptr) return *given;
+  check_arg(!entered_models().empty(), "Attention", "model",
+            "given, or a ModelContext entered with `with` (vLLM's current config)", "neither");
+  return *entered_models().back();
+}
+
 }  // namespace
 
 void register_layer(nb::module_& m) {
@@ -136,6 +151,18 @@ void register_layer(nb::module_& m) {
                   .backend = backend});
            },
            nb::kw_only(), arg("dtype") = "bf16", arg("device") = "cpu", arg("backend") = "")
+      .def("__enter__",
+           [](ModelContext& self) -> ModelContext& {
+             entered_models().push_back(&self);
+             return self;
+           },
+           nb::rv_policy::reference)
+      .def("__exit__",
+           [](ModelContext& self, nb::handle, nb::handle, nb::handle) {
+             auto& stack = entered_models();
+             if (!stack.empty() && stack.back() == &self) stack.pop_back();
+           },
+           arg("exc_type").none(), arg("exc_value").none(), arg("traceback").none())
       .def_prop_ro("layer_names", [](const ModelContext& self) {
         std::vector<std::string> names;
         for (const Attention* layer : self.layers()) names.push_back(layer->layer_name());
@@ -144,23 +171,24 @@ void register_layer(nb::module_& m) {
 
   nb::class_<Attention>(m, "Attention", "vLLM's Attention layer: writes K/V into its paged cache and attends.")
       .def("__init__",
-           [](Attention* self, ModelContext& model, int num_heads, int head_size, float scale,
-              std::optional<int> num_kv_heads, std::optional<std::vector<float>> alibi_slopes,
-              std::optional<int> block_size, const std::string& cache_dtype, std::optional<float> logits_soft_cap,
+           [](Attention* self, int num_heads, int head_size, float scale, std::optional<int> num_kv_heads,
+              std::optional<std::vector<float>> alibi_slopes, std::optional<int> block_size,
+              const std::string& cache_dtype, std::optional<float> logits_soft_cap,
               std::optional<int> per_layer_sliding_window, const std::string& prefix, const std::string& attn_type,
-              std::optional<std::vector<float>> sinks) {
+              std::optional<std::vector<float>> sinks, ModelContext* model) {
              // Built in place: the layer registers its own address with the model.
-             new (self) Attention(model, num_heads, head_size, scale,
+             new (self) Attention(model_for(model), num_heads, head_size, scale,
                                   layer_options(num_kv_heads, std::move(alibi_slopes), block_size, cache_dtype,
                                                 logits_soft_cap, per_layer_sliding_window, prefix, attn_type,
                                                 std::move(sinks)));
            },
-           arg("model"), arg("num_heads"), arg("head_size"), arg("scale"), nb::kw_only(),
-           arg("num_kv_heads").none() = nb::none(), arg("alibi_slopes").none() = nb::none(),
-           arg("block_size").none() = nb::none(), arg("cache_dtype") = "auto",
-           arg("logits_soft_cap").none() = nb::none(), arg("per_layer_sliding_window").none() = nb::none(),
-           arg("prefix") = "", arg("attn_type") = "decoder", arg("sinks").none() = nb::none(),
-           nb::keep_alive<1, 2>())
+           arg("num_heads"), arg("head_size"), arg("scale"), arg("num_kv_heads").none() = nb::none(),
+           arg("alibi_slopes").none() = nb::none(), nb::kw_only(), arg("block_size").none() = nb::none(),
+           arg("cache_dtype") = "auto", arg("logits_soft_cap").none() = nb::none(),
+           arg("per_layer_sliding_window").none() = nb::none(), arg("prefix") = "", arg("attn_type") = "decoder",
+           arg("sinks").none() = nb::none(), arg("model").none() = nb::none(),
+           "The seed constructor's arguments; the layer registers in `model`, or in the ModelContext entered with "
+           "`with` when model is None.")
       .def("forward", &forward, arg("step"), arg("query"), arg("key").none(), arg("value").none(),
            arg("output").none() = nb::none(), arg("stream").none() = nb::none(),
            "Stores key/value at the step's slots and attends; returns the output [T, H*D].")

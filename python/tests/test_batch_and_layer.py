@@ -54,9 +54,9 @@ def test_unknown_options_and_unsupported_backends_are_reported():
 
 def test_layer_api_forward_over_a_step_matches_the_oracle():
     rng = np.random.default_rng(11)
-    model = pagedattn.ModelContext(dtype="f32", device="cpu")
-    layers = [pagedattn.Attention(model, 4, 32, 0.2, num_kv_heads=2, block_size=16,
-                                  prefix=f"model.layers.{i}.self_attn.attn") for i in range(2)]
+    with pagedattn.ModelContext(dtype="f32", device="cpu") as model:  # vLLM's current config
+        layers = [pagedattn.Attention(4, 32, 0.2, num_kv_heads=2, block_size=16,
+                                      prefix=f"model.layers.{i}.self_attn.attn") for i in range(2)]
     assert model.layer_names == ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
     num_blocks, _, _ = pagedattn.allocate_kv_caches(model, 8)
     assert num_blocks == 8
@@ -76,3 +76,15 @@ def test_layer_api_forward_over_a_step_matches_the_oracle():
     np.testing.assert_allclose(out.reshape(20, 4, 32), want, **TOL)
     np.testing.assert_array_equal(cache[0][blocks[1], 3], k[19].reshape(2, 32))
     assert "num_kv_heads=2" in layers[0].extra_repr()
+
+
+def test_attention_needs_a_model_and_rejects_a_duplicate_name():
+    with pytest.raises(ValueError, match="model"):
+        pagedattn.Attention(4, 32, 0.2)
+    model = pagedattn.ModelContext(dtype="f32")
+    first = pagedattn.Attention(4, 32, 0.2, prefix="a", model=model)  # registered while it lives
+    with pytest.raises(ValueError, match="Duplicate layer name"):
+        pagedattn.Attention(4, 32, 0.2, prefix="a", model=model)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        pagedattn.Attention(4, 32, 0.2, num_kv_heads=3, prefix="b", model=model)
+    assert model.layer_names == [first.layer_name]
