@@ -23,18 +23,6 @@ namespace {
 
 constexpr std::string_view kForwardWhere = "Attention.forward";
 
-DType dtype_arg(const std::string& name, std::string_view where) {
-  const std::optional<DType> t = parse_dtype(name);
-  if (!t) throw_invalid(where, "dtype", "f32, f16 or bf16", name);
-  return *t;
-}
-
-Device device_arg(const std::string& name, std::string_view where) {
-  const std::optional<Device> d = parse_device(name);
-  if (!d) throw_invalid(where, "device", "cpu, cuda or cuda:N", name);
-  return *d;
-}
-
 // A tensor the library owns, handed to Python without a copy: the capsule
 // keeps the storage alive while any array viewing it lives. CPU tensors
 // become NumPy arrays (bf16 as its uint16 bits, fp8 as bytes: NumPy has no
@@ -110,9 +98,7 @@ AttentionOptions layer_options(std::optional<int> num_kv_heads,
   o.alibi_slopes = std::move(alibi_slopes);
   CacheConfig cache;
   cache.block_size = block_size;
-  const std::optional<CacheDType> c = parse_cache_dtype(cache_dtype);
-  if (!c) throw_invalid(where, "cache_dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", cache_dtype);
-  cache.cache_dtype = *c;
+  cache.cache_dtype = cache_dtype_arg(cache_dtype, where, "cache_dtype");
   o.cache_config = cache;
   o.logits_soft_cap = logits_soft_cap;
   o.per_layer_sliding_window = per_layer_sliding_window;

@@ -13,18 +13,12 @@
 namespace pagedattn::python {
 namespace {
 
-CacheDType parse_cache(const std::string& name, std::string_view where) {
-  const std::optional<CacheDType> t = parse_cache_dtype(name);
-  if (!t) throw_invalid(where, "kv_cache_dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", name);
-  return *t;
-}
-
 void reshape_and_cache_flash(nb::handle key, nb::handle value, nb::handle key_cache, nb::handle value_cache,
                              nb::handle slot_mapping, const std::string& kv_cache_dtype, nb::handle k_scale,
                              nb::handle v_scale, std::optional<std::uintptr_t> stream) {
   constexpr std::string_view where = "reshape_and_cache_flash";
   const TensorView k = view_of(key, where, "key");
-  const CacheDType cache_dtype = parse_cache(kv_cache_dtype, where);
+  const CacheDType cache_dtype = cache_dtype_arg(kv_cache_dtype, where, "kv_cache_dtype");
   const DType storage = kv_cache_storage_dtype(cache_dtype, k.dtype());
   StreamScope scope(k.device(), stream, key);
   reshape_and_cache(k, view_of(value, where, "value"),
@@ -73,7 +67,7 @@ std::string varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb:
   a.sinks = view_of(sinks, where, "sinks");
   a.k_descale = view_of(k_descale, where, "k_descale");
   a.v_descale = view_of(v_descale, where, "v_descale");
-  a.kv_cache_dtype = parse_cache(kv_cache_dtype, where);
+  a.kv_cache_dtype = cache_dtype_arg(kv_cache_dtype, where, "kv_cache_dtype");
   a.backend = backend;
   StreamScope scope(a.q.device(), stream, q);
   varlen_attention(std::move(a), where);

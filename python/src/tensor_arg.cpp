@@ -142,6 +142,26 @@ TensorView view_of(nb::handle obj, std::string_view where, std::string_view name
                        strides.data(), where, name);
 }
 
+DType dtype_arg(const std::string& name, std::string_view where) {
+  const std::optional<DType> t = parse_dtype(name);
+  if (!t || !(*t == DType::F32 || *t == DType::F16 || *t == DType::BF16)) {
+    throw_invalid(where, "dtype", "f32, f16 or bf16", name);
+  }
+  return *t;
+}
+
+Device device_arg(const std::string& name, std::string_view where) {
+  const std::optional<Device> d = parse_device(name);
+  if (!d) throw_invalid(where, "device", "cpu, cuda or cuda:N", name);
+  return *d;
+}
+
+CacheDType cache_dtype_arg(const std::string& name, std::string_view where, std::string_view argument) {
+  const std::optional<CacheDType> t = parse_cache_dtype(name);
+  if (!t) throw_invalid(where, argument, "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", name);
+  return *t;
+}
+
 TensorView reinterpret(const TensorView& t, DType dtype, std::string_view where, std::string_view name) {
   if (!t.defined() || t.dtype() == dtype) return t;
   check_arg(dtype_size(t.dtype()) == dtype_size(dtype), where, fmt::format("{} dtype", name),

@@ -11,11 +11,13 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <pagedattn/attention_types.h>
 #include <pagedattn/forward_context.h>
 #include <pagedattn/tensor.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace pagedattn::python {
@@ -37,6 +39,12 @@ TensorView reinterpret(const TensorView& t, DType dtype, std::string_view where,
 // caller passed one, else `like`'s framework's current stream on the device
 // (C exchange API), else null, the legacy default stream.
 void* resolve_stream(Device device, std::optional<std::uintptr_t> stream, nb::handle like);
+
+// Names from Python read with the library's parsers; InvalidArgument
+// naming `argument` and the accepted names otherwise.
+DType dtype_arg(const std::string& name, std::string_view where);
+Device device_arg(const std::string& name, std::string_view where);
+CacheDType cache_dtype_arg(const std::string& name, std::string_view where, std::string_view argument);
 
 // Installs the stream a CUDA call runs on for its duration: `stream` when
 // the caller passed one (a cudaStream_t as an integer), else the current
