@@ -113,6 +113,9 @@ struct AttentionOptions {
   const AttentionBackend* attn_backend = nullptr;  // bypasses the selector
   std::optional<std::vector<float>> sinks{};       // [num_heads] sink logits
   bool use_non_causal = false;                     // bidirectional decoder (selector filter)
+  // Chunked local attention (Llama 4): a query sees only keys of its own
+  // chunk of this many tokens; a positive multiple of the block size.
+  std::optional<int> attention_chunk_size{};
 };
 
 class Attention {
@@ -177,6 +180,7 @@ class Attention {
   int head_size() const { return head_size_; }
   float scale() const { return scale_; }
   std::optional<int> sliding_window() const { return sliding_window_; }
+  std::optional<int> attention_chunk_size() const { return impl_->params().attention_chunk_size; }
   CacheDType kv_cache_dtype() const { return kv_cache_dtype_; }
   DType kv_cache_storage_dtype() const;
   int block_size() const { return block_size_; }
@@ -227,7 +231,9 @@ class Attention {
 // block size, KV heads, head size) among the chosen layers, made once, and
 // one build per step shared by all its layers. The layers passed together form
 // one KV-cache group: they share one CommonAttentionMetadata (one block table
-// and slot mapping), as in vLLM.
+// and slot mapping), as in vLLM. Layers with an attention_chunk_size build
+// from the step split into per-chunk virtual requests
+// (make_local_attention_virtual_batches), once per chunk size.
 class ModelMetadataBuilder {
  public:
   // `layer_names` empty = every layer of the model, in registration order.
@@ -243,6 +249,7 @@ class ModelMetadataBuilder {
   struct Group {
     std::unique_ptr<AttentionMetadataBuilder> builder;
     std::vector<const Attention*> layers;
+    int chunk_size = 0;  // the layers' attention_chunk_size, 0 for none
   };
   std::vector<Group> groups_;
 };

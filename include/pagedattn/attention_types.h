@@ -99,6 +99,9 @@ struct AttentionImplParams {
   AttentionType attn_type = AttentionType::Decoder;
   std::optional<std::string> kv_sharing_target_layer_name;
   std::vector<float> sinks;  // [num_heads] f32 sink logits, or empty
+  // Chunked local attention: the step's metadata must have been split by
+  // this chunk size (make_local_attention_virtual_batches).
+  std::optional<int> attention_chunk_size;
   DType dtype = DType::BF16;  // model (activation) dtype
   Device device = Device::cpu();
 };

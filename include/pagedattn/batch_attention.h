@@ -37,6 +37,7 @@ struct BatchAttentionOptions {
   std::optional<float> logits_soft_cap{};
   std::vector<float> alibi_slopes{};      // [num_heads] or empty
   std::vector<float> sinks{};             // [num_heads] sink logits or empty
+  std::optional<int> attention_chunk_size{};  // chunked local attention; a multiple of block_size
   std::string backend{};                  // empty or "auto" = the selector's choice
   // Fixed capacities (all three set, or none): plan() never reallocates and
   // rejects a step that exceeds them. Unset = grow as needed.

@@ -61,6 +61,9 @@ struct CommonAttentionMetadata {
   int max_seq_len = 0;
   bool causal = true;
   int block_size = 0;  // KV-cache block size the block table addresses
+  // Chunked local attention (make_local_attention_virtual_batches): the chunk
+  // size the requests were split by, 0 for a step that was not.
+  int local_chunk_size = 0;
 
   Device device() const { return query_start_loc.device(); }
   std::span<const std::int32_t> query_start_loc_host() const;
@@ -114,6 +117,20 @@ CommonAttentionMetadata make_common_metadata(std::span<const RequestSpec> reques
 CommonAttentionMetadata make_cross_attention_metadata(std::span<const RequestSpec> requests,
                                                       std::span<const int> encoder_lens,
                                                       bool write_encoder_kv, const MetadataOptions& options);
+
+// Chunked local attention (Llama 4's attention_chunk_size, vLLM's
+// make_local_attention_virtual_batches): a query at position p sees only
+// keys j with floor(j / C) == floor(p / C) (and j <= p when causal). Each
+// request becomes one virtual request per chunk its queries fall in, whose
+// keys are that chunk's first tokens up to its last query: the same token
+// order, slots and outputs, so every backend runs it unchanged. Positions
+// within a virtual request are shifted by the chunk start, which no
+// semantics depend on (window, ALiBi and sinks are translation invariant).
+// Validates `common` first; throws InvalidArgument unless chunk_size is a
+// positive multiple of common.block_size, and on cross-attention metadata.
+//   result.block_table  [B', chunk_size / block_size]: each row the chunk's
+//                       entries of its request's row (0 past its keys)
+CommonAttentionMetadata make_local_attention_virtual_batches(const CommonAttentionMetadata& common, int chunk_size);
 
 // Slot mapping of positions [first, first + count) of one request.
 std::vector<std::int64_t> slots_for_positions(std::span<const std::int32_t> blocks, int block_size, int first,

@@ -32,8 +32,8 @@ class BatchAttention:
 
     def __init__(self, num_heads, head_size, *, num_kv_heads=None, scale=None, dtype="bf16", kv_cache_dtype="auto",
                  block_size=16, device="cpu", causal=True, sliding_window=None, logits_soft_cap=None,
-                 alibi_slopes=None, sinks=None, backend=None, max_num_reqs=0, max_num_tokens=0,
-                 max_blocks_per_req=0):
+                 alibi_slopes=None, sinks=None, attention_chunk_size=None, backend=None, max_num_reqs=0,
+                 max_num_tokens=0, max_blocks_per_req=0):
         dtype = _TORCH_DTYPES.get(str(dtype), str(dtype))
         self._device = str(device)
         self._impl = _pagedattn.BatchAttention(
@@ -41,7 +41,8 @@ class BatchAttention:
             kv_cache_dtype=kv_cache_dtype, block_size=block_size, device=self._device, causal=causal,
             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
             alibi_slopes=[float(a) for a in alibi_slopes] if alibi_slopes is not None else [],
-            sinks=[float(s) for s in sinks] if sinks is not None else [], backend=backend or "",
+            sinks=[float(s) for s in sinks] if sinks is not None else [], attention_chunk_size=attention_chunk_size,
+            backend=backend or "",
             max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens, max_blocks_per_req=max_blocks_per_req)
 
     @property

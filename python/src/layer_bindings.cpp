@@ -91,7 +91,8 @@ AttentionOptions layer_options(std::optional<int> num_kv_heads,
                       std::optional<std::vector<float>> alibi_slopes, std::optional<int> block_size,
                       const std::string& cache_dtype, std::optional<float> logits_soft_cap,
                       std::optional<int> per_layer_sliding_window, const std::string& prefix,
-                      const std::string& attn_type, std::optional<std::vector<float>> sinks) {
+                      const std::string& attn_type, std::optional<std::vector<float>> sinks,
+                      std::optional<int> attention_chunk_size) {
   constexpr std::string_view where = "Attention";
   AttentionOptions o;
   o.num_kv_heads = num_kv_heads;
@@ -107,6 +108,7 @@ AttentionOptions layer_options(std::optional<int> num_kv_heads,
   if (!t) throw_invalid(where, "attn_type", "decoder, encoder, encoder_only or encoder_decoder", attn_type);
   o.attn_type = *t;
   o.sinks = std::move(sinks);
+  o.attention_chunk_size = attention_chunk_size;
   return o;
 }
 
@@ -161,18 +163,19 @@ void register_layer(nb::module_& m) {
               std::optional<std::vector<float>> alibi_slopes, std::optional<int> block_size,
               const std::string& cache_dtype, std::optional<float> logits_soft_cap,
               std::optional<int> per_layer_sliding_window, const std::string& prefix, const std::string& attn_type,
-              std::optional<std::vector<float>> sinks, ModelContext* model) {
+              std::optional<std::vector<float>> sinks, std::optional<int> attention_chunk_size, ModelContext* model) {
              // Built in place: the layer registers its own address with the model.
              new (self) Attention(model_for(model), num_heads, head_size, scale,
                                   layer_options(num_kv_heads, std::move(alibi_slopes), block_size, cache_dtype,
                                                 logits_soft_cap, per_layer_sliding_window, prefix, attn_type,
-                                                std::move(sinks)));
+                                                std::move(sinks), attention_chunk_size));
            },
            arg("num_heads"), arg("head_size"), arg("scale"), arg("num_kv_heads").none() = nb::none(),
            arg("alibi_slopes").none() = nb::none(), nb::kw_only(), arg("block_size").none() = nb::none(),
            arg("cache_dtype") = "auto", arg("logits_soft_cap").none() = nb::none(),
            arg("per_layer_sliding_window").none() = nb::none(), arg("prefix") = "", arg("attn_type") = "decoder",
-           arg("sinks").none() = nb::none(), arg("model").none() = nb::none(),
+           arg("sinks").none() = nb::none(), arg("attention_chunk_size").none() = nb::none(),
+           arg("model").none() = nb::none(),
            "The seed constructor's arguments; the layer registers in `model`, or in the ModelContext entered with "
            "`with` when model is None.")
       .def("forward", &forward, arg("step"), arg("query"), arg("key").none(), arg("value").none(),

@@ -1,8 +1,8 @@
 """The pytest suite's oracle: paged attention in float64 NumPy, written the
 obvious way (one request, one head at a time) with FlashAttention's
 semantics: causal masks bottom-right aligned, a left window of W keys
-(p - W < j <= p), soft cap, ALiBi (slope * (j - p)) and sink logits in the
-softmax denominator. Returns the output [T, H, D] and the LSE [H, T]."""
+(p - W < j <= p), chunked local attention (j // C == p // C), soft cap,
+ALiBi (slope * (j - p)) and sink logits in the softmax denominator. Returns the output [T, H, D] and the LSE [H, T]."""
 
 import numpy as np
 
@@ -15,7 +15,7 @@ def gather(cache, blocks, length):
 
 
 def paged_attention(q, key_cache, value_cache, query_lens, kv_lens, block_table, scale, *, causal=True,
-                    window=None, soft_cap=None, alibi=None, sinks=None):
+                    window=None, soft_cap=None, alibi=None, sinks=None, chunk=None):
     q = np.asarray(q, dtype=np.float64)
     kc = np.asarray(key_cache, dtype=np.float64)
     vc = np.asarray(value_cache, dtype=np.float64)
@@ -39,6 +39,8 @@ def paged_attention(q, key_cache, value_cache, query_lens, kv_lens, block_table,
                 visible &= j <= p
             if window is not None:
                 visible &= j > p - window
+            if chunk is not None:
+                visible &= j // chunk == p // chunk
             for h in range(heads):
                 s = scale * (k[:, h // group, :] @ q[t, h])
                 if soft_cap:

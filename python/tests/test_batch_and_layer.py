@@ -33,6 +33,26 @@ def test_plan_once_run_two_layers_writes_each_layers_keys_and_attends():
         np.testing.assert_allclose(out, want, **TOL)
 
 
+def test_chunked_local_attention_sees_only_the_querys_chunk():
+    rng = np.random.default_rng(12)
+    heads, kv_heads, d, bs, nb, chunk = 4, 2, 32, 16, 16, 32
+    query_lens, seq_lens = [40, 1, 3], [70, 65, 33]
+    qsl = np.cumsum([0] + query_lens).astype(np.int32)
+    table = rng.permutation(nb)[:15].reshape(3, 5).astype(np.int32)
+    caches = [rng.standard_normal((nb, bs, kv_heads, d)).astype(np.float32) for _ in range(2)]
+    q = rng.standard_normal((44, heads, d)).astype(np.float32)
+    attn = pagedattn.BatchAttention(heads, d, num_kv_heads=kv_heads, dtype="f32", block_size=bs,
+                                    attention_chunk_size=chunk)
+    attn.plan(qsl, np.array(seq_lens, np.int32), table)
+    out = attn.run(q, None, None, tuple(caches))
+    want, _ = paged_attention(q, caches[0], caches[1], query_lens, seq_lens, table, d ** -0.5, chunk=chunk)
+    np.testing.assert_allclose(out, want, **TOL)
+    full, _ = paged_attention(q, caches[0], caches[1], query_lens, seq_lens, table, d ** -0.5)
+    assert not np.allclose(out, full, **TOL)  # the chunk hides keys from most queries
+    with pytest.raises(ValueError, match="attention_chunk_size"):
+        pagedattn.BatchAttention(heads, d, dtype="f32", block_size=bs, attention_chunk_size=24)
+
+
 def test_run_before_plan_and_bad_plans_raise_value_error():
     attn = pagedattn.BatchAttention(4, 32, dtype="f32", block_size=16)
     cache = np.zeros((4, 16, 4, 32), np.float32)

@@ -43,6 +43,13 @@ void validate_case(const ConformanceCase& c) {
   check_arg(!c.padded_slots || c.attn_type != AttentionType::EncoderDecoder, where, "padded_slots",
             "not with cross-attention", "set");
   if (c.sliding_window) check_arg(*c.sliding_window > 0, where, "sliding_window", "> 0", *c.sliding_window);
+  if (c.attention_chunk_size) {
+    check_arg(*c.attention_chunk_size > 0 && *c.attention_chunk_size % c.block_size == 0, where,
+              "attention_chunk_size", fmt::format("a positive multiple of block_size ({})", c.block_size),
+              *c.attention_chunk_size);
+    check_arg(c.attn_type == AttentionType::Decoder, where, "attention_chunk_size", "only with decoder attention",
+              attention_type_name(c.attn_type));
+  }
   for (const auto& [q, s] : c.batch.requests) {
     check_arg(q >= 0 && s >= 0, where, "batch lengths", "non-negative", fmt::format("({}, {})", q, s));
     if (c.attn_type == AttentionType::Decoder)
@@ -76,6 +83,9 @@ std::optional<std::string> skip_reason(const AttentionBackend& backend, const Co
     reasons.emplace_back("sliding window not supported");
   if (c.soft_cap && !backend.supports_soft_cap()) reasons.emplace_back("logits soft cap not supported");
   if (c.alibi && !backend.supports_alibi()) reasons.emplace_back("ALiBi not supported");
+  if (c.attention_chunk_size && !backend.supports_chunked_local_attention()) {
+    reasons.emplace_back("chunked local attention not supported");
+  }
   if (const auto required = backend.required_kv_cache_layout(); required && *required != c.layout) {
     reasons.push_back(fmt::format("requires the {} KV cache layout", kv_cache_layout_name(*required)));
   }

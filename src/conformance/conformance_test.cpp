@@ -116,6 +116,32 @@ TEST(ConformanceGridTest, CoversRealModelShapes) {
   }
 }
 
+// Chunked local attention where it matters: a prefill whose queries span a
+// chunk boundary and a decode past the first chunk, each plain and with the
+// scoring features, at every dtype.
+TEST(ConformanceGridTest, CoversChunkedLocalAttentionAcrossChunkBoundaries) {
+  const auto& cases = grid();
+  const auto covered = [&](auto pred) {
+    return std::any_of(cases.begin(), cases.end(), [&](const ConformanceCase& c) {
+      if (!c.attention_chunk_size) return false;
+      const int chunk = *c.attention_chunk_size;
+      return std::any_of(c.batch.requests.begin(), c.batch.requests.end(), [&](const auto& r) {
+        const auto [q, k] = r;
+        return q > 0 && pred(c, q, (k - q) / chunk != (k - 1) / chunk, k > chunk);
+      });
+    });
+  };
+  for (const DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    for (const bool features : {false, true}) {
+      const auto with = [&](const ConformanceCase& c) { return c.dtype == dt && (c.alibi && c.sinks) == features; };
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, int q, bool spans, bool) { return with(c) && q > 1 && spans; }))
+          << dtype_name(dt) << (features ? " with features" : "") << ": prefill across a chunk boundary";
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, int q, bool, bool past) { return with(c) && q == 1 && past; }))
+          << dtype_name(dt) << (features ? " with features" : "") << ": decode past the first chunk";
+    }
+  }
+}
+
 // Requests past the backends' split thresholds: CPU_ATTN splits requests of
 // at most kSplitMaxQueryTokens tokens every kSplitKeys keys; CUDA_FLASH
 // splits into at most kMaxSplits parts of at least kMinKeysPerSplit keys.

@@ -47,6 +47,9 @@ std::vector<BatchSpec> make_batch_specs() {
       // Prompts without context, and lengths on and around block boundaries.
       {"fresh_prefill", {{13, 13}, {40, 40}}},
       {"block_edges", {{1, 1}, {3, 16}, {2, 17}, {1, 33}, {32, 32}}},
+      // Chunked local attention: prefills whose queries span chunk boundaries
+      // (of 48, 64 and 128 tokens) beside decodes past the first chunk.
+      {"chunk_edges", {{70, 130}, {1, 129}, {33, 96}, {1, 48}, {50, 200}}},
       // Encoder / encoder-only: every request is a whole sequence.
       {"encoder_small", {{17, 17}, {40, 40}, {1, 1}}},
       {"encoder_long", {{100, 100}, {37, 37}}},
@@ -98,6 +101,7 @@ std::string feature_id(const ConformanceCase& c) {
   s += fmt::format(",{}", kv_cache_layout_name(c.layout));
   if (!c.causal && c.attn_type == AttentionType::Decoder) s += ",noncausal";
   if (c.sliding_window) s += fmt::format(",win={}", *c.sliding_window);
+  if (c.attention_chunk_size) s += fmt::format(",chunk={}", *c.attention_chunk_size);
   if (c.soft_cap) s += fmt::format(",cap={}", *c.soft_cap);
   if (c.scale) s += fmt::format(",scale={}", *c.scale);
   if (c.alibi) s += ",alibi";
@@ -141,6 +145,7 @@ constexpr std::array<Shape, 9> kFeatureShapes{{{8, 2, 64},
                                                {4, 4, 96}}};
 constexpr int kBasePasses = 3;
 constexpr int kWindow = 64;
+constexpr int kMinChunk = 48;  // chunked local attention: a chunk under the long batches' contexts
 constexpr float kSoftCap = 30.0f;
 // With unit-variance q and k, scores have standard deviation scale * sqrt(D):
 // 2.0 puts them at 16..32 for head sizes 64..256, where a cap of 30 bites.
@@ -189,6 +194,8 @@ constexpr std::array kDecoderBatches{"small_decode",       "small_prefill",     
 // Batches long enough for a window of 64 to hide keys.
 constexpr std::array kLongBatches{"mixed_medium_div8", "single_prefill_div8", "medium_prefill_div8",
                                   "medium_decode_div4"};
+// Chunked local attention: boundaries inside prefills, and the long batches.
+constexpr std::array kChunkBatches{"chunk_edges", "single_prefill_div8", "chunk_edges", "mixed_medium_div8"};
 constexpr std::array kEncoderBatches{"encoder_small", "encoder_long"};
 constexpr std::array kCrossBatches{"cross_small", "cross_prefill"};
 
@@ -216,13 +223,13 @@ void base_sweep(GridBuilder& g) {
 
 // One decoder feature (window, soft cap, ALiBi, sinks or all of them) over
 // dtypes x layouts x long batches, rotating shapes and block sizes.
-template <typename Apply>
-void feature_sweep(GridBuilder& g, std::size_t salt, Apply apply) {
+template <typename Apply, typename Batches = decltype(kLongBatches)>
+void feature_sweep(GridBuilder& g, std::size_t salt, Apply apply, const Batches& batches = kLongBatches) {
   std::size_t n = salt;
   for (int variant = 0; variant < 2; ++variant) {
     for (const DType dt : kDTypes) {
       for (const KVCacheLayout layout : kLayouts) {
-        for (std::size_t b = 0; b < kLongBatches.size(); ++b) {
+        for (std::size_t b = 0; b < batches.size(); ++b) {
           ConformanceCase c =
               with_shape(kFeatureShapes[n % kFeatureShapes.size()], kBlockSizes[n % kBlockSizes.size()]);
           c.dtype = dt;
@@ -231,13 +238,17 @@ void feature_sweep(GridBuilder& g, std::size_t salt, Apply apply) {
           c.strided_qkv = n % 3 == 0;
           c.padded_slots = variant == 1 && n % 2 == 1;
           apply(c);
-          g.add_rotating(c, kLongBatches, b + static_cast<std::size_t>(variant));
+          g.add_rotating(c, batches, b + static_cast<std::size_t>(variant));
           ++n;
         }
       }
     }
   }
 }
+
+// A chunk shorter than the long batches' contexts, so that most queries see
+// a chunk boundary: the smallest multiple of the block size >= kMinChunk.
+int chunk_for(int block_size) { return (kMinChunk + block_size - 1) / block_size * block_size; }
 
 void fp8_sweep(GridBuilder& g) {
   constexpr std::array kFp8{CacheDType::Fp8E4M3, CacheDType::Fp8E5M2, CacheDType::Fp8};
@@ -539,6 +550,17 @@ std::vector<ConformanceCase> conformance_grid() {
     c.alibi = true;
     c.sinks = true;
   });
+  // Chunked local attention, alone and with every scoring feature on top.
+  feature_sweep(
+      g, 5, [](ConformanceCase& c) { c.attention_chunk_size = chunk_for(c.block_size); }, kChunkBatches);
+  feature_sweep(g, 6, [](ConformanceCase& c) {
+    c.attention_chunk_size = chunk_for(c.block_size);
+    c.sliding_window = kWindow;
+    c.soft_cap = kSoftCap;
+    c.scale = kSoftCapScale;
+    c.alibi = true;
+    c.sinks = true;
+  }, kChunkBatches);
   fp8_sweep(g);
   io_sweep(g);
   encoder_sweep(g);

@@ -24,6 +24,10 @@ constexpr Tolerance kLseTolerance{2e-3, 1e-3};
 
 bool key_visible(const OracleProblem& pb, int pos, int j) {
   if (pb.attn_type == AttentionType::Decoder && pb.causal && j > pos) return false;
+  if (pb.attn_type == AttentionType::Decoder && pb.attention_chunk_size &&
+      j / *pb.attention_chunk_size != pos / *pb.attention_chunk_size) {
+    return false;
+  }
   if (!pb.sliding_window || pb.attn_type == AttentionType::EncoderDecoder) return true;
   const int w = *pb.sliding_window;
   if (pb.attn_type == AttentionType::Decoder) return j > pos - w && j <= pos;
@@ -98,6 +102,9 @@ OracleOutput dense_attention(const OracleProblem& pb) {
             fmt::format("0 or {}", pb.num_heads), pb.sinks.size());
   if (pb.sliding_window)
     check_arg(*pb.sliding_window > 0, kOracleWhere, "sliding_window", "> 0", *pb.sliding_window);
+  if (pb.attention_chunk_size) {
+    check_arg(*pb.attention_chunk_size > 0, kOracleWhere, "attention_chunk_size", "> 0", *pb.attention_chunk_size);
+  }
 
   const int H = pb.num_heads;
   const int Hkv = pb.num_kv_heads;

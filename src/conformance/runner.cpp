@@ -113,6 +113,7 @@ void CaseRun::make_params() {
   params_.num_kv_heads = c_.num_kv_heads;
   if (c_.alibi) params_.alibi_slopes = alibi_slopes(H);
   params_.sliding_window = c_.sliding_window;
+  params_.attention_chunk_size = c_.attention_chunk_size;
   params_.kv_cache_dtype = c_.kv_cache_dtype;
   params_.logits_soft_cap = c_.soft_cap;
   params_.attn_type = c_.attn_type;
@@ -197,6 +198,7 @@ OracleProblem CaseRun::oracle_problem() const {
   pb.attn_type = c_.attn_type;
   pb.causal = c_.causal;
   pb.sliding_window = c_.sliding_window;
+  pb.attention_chunk_size = c_.attention_chunk_size;
   if (c_.soft_cap) pb.soft_cap = static_cast<double>(*c_.soft_cap);
   pb.alibi_slopes = params_.alibi_slopes;
   pb.sinks = params_.sinks;
@@ -318,7 +320,11 @@ std::optional<std::string> CaseRun::prepare_and_run(Step& step, bool first_step)
             step.common.slot_mapping, !backend_.forward_includes_kv_cache_update());
     }
   }
-  step.metadata = builder_->build(step.common);
+  // Chunked local attention runs on the step split per chunk, as the layer's
+  // ModelMetadataBuilder does.
+  step.metadata = c_.attention_chunk_size
+                      ? builder_->build(make_local_attention_virtual_batches(step.common, *c_.attention_chunk_size))
+                      : builder_->build(step.common);
   return forward_and_check(step);
 }
 

@@ -275,6 +275,17 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
   params.attn_type = attn_type_;
   params.kv_sharing_target_layer_name = kv_sharing_target_;
   params.sinks = options.sinks.value_or(std::vector<float>{});
+  if (options.attention_chunk_size) {
+    const int chunk = *options.attention_chunk_size;
+    check_arg(chunk > 0 && chunk % block_size_ == 0, where, "attention_chunk_size",
+              fmt::format("a positive multiple of the block size ({})", block_size_), chunk);
+    check_arg(attn_type_ == AttentionType::Decoder, where, "attention_chunk_size", "unset for non-decoder attention",
+              chunk);
+    if (!backend_->supports_chunked_local_attention()) {
+      throw_unsupported(where, fmt::format("backend {} does not run chunked local attention", backend_->name()));
+    }
+    params.attention_chunk_size = chunk;
+  }
   params.dtype = dtype_;
   params.device = device_;
   // Features the selector does not ask about (window, soft cap, ALiBi) are
@@ -551,17 +562,18 @@ ModelMetadataBuilder::ModelMetadataBuilder(const ModelContext& model, std::vecto
   } else {
     for (const std::string& name : layer_names) layers.push_back(&model.layer(name));
   }
-  using Key = std::tuple<const AttentionBackend*, int, int, int>;
+  using Key = std::tuple<const AttentionBackend*, int, int, int, int>;
   std::vector<Key> keys;
   for (const Attention* layer : layers) {
-    const Key key{&layer->backend(), layer->block_size(), layer->num_kv_heads(), layer->head_size()};
+    const Key key{&layer->backend(), layer->block_size(), layer->num_kv_heads(), layer->head_size(),
+                  layer->attention_chunk_size().value_or(0)};
     const auto it = std::find(keys.begin(), keys.end(), key);
     if (it != keys.end()) {
       groups_[static_cast<std::size_t>(it - keys.begin())].layers.push_back(layer);
       continue;
     }
     keys.push_back(key);
-    groups_.push_back(Group{nullptr, {layer}});
+    groups_.push_back(Group{nullptr, {layer}, layer->attention_chunk_size().value_or(0)});
   }
   for (Group& group : groups_) {
     const Attention& first = *group.layers.front();
@@ -594,8 +606,20 @@ LayerMetadataMap ModelMetadataBuilder::build(const CommonAttentionMetadata& comm
   }
   common.validate("ModelMetadataBuilder::build", num_blocks);
   LayerMetadataMap result;
+  // Chunked local layers read the step split into per-chunk virtual requests,
+  // made once per chunk size.
+  std::vector<std::pair<int, CommonAttentionMetadata>> split;
   for (Group& group : groups_) {
-    const std::shared_ptr<const BackendMetadata> metadata = group.builder->build(common);
+    const CommonAttentionMetadata* step = &common;
+    if (group.chunk_size > 0) {
+      auto it = std::find_if(split.begin(), split.end(), [&](const auto& s) { return s.first == group.chunk_size; });
+      if (it == split.end()) {
+        split.emplace_back(group.chunk_size, make_local_attention_virtual_batches(common, group.chunk_size));
+        it = split.end() - 1;
+      }
+      step = &it->second;
+    }
+    const std::shared_ptr<const BackendMetadata> metadata = group.builder->build(*step);
     for (const Attention* layer : group.layers) result.emplace(layer->layer_name(), metadata);
   }
   return result;

@@ -38,6 +38,11 @@ void check_options(const BatchAttentionOptions& o) {
     check_arg(values.empty() || values.size() == static_cast<std::size_t>(o.num_heads), kWhere,
               fmt::format("{} size", name), fmt::format("0 or num_heads ({})", o.num_heads), values.size());
   };
+  if (o.attention_chunk_size) {
+    check_arg(*o.attention_chunk_size > 0 && *o.attention_chunk_size % o.block_size == 0, kWhere,
+              "attention_chunk_size", fmt::format("a positive multiple of block_size ({})", o.block_size),
+              *o.attention_chunk_size);
+  }
   check_per_head(o.alibi_slopes, "alibi_slopes");
   check_per_head(o.sinks, "sinks");
   const bool fixed = o.max_num_reqs > 0 || o.max_num_tokens > 0 || o.max_blocks_per_req > 0;
@@ -88,11 +93,15 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
   params.kv_cache_dtype = options_.kv_cache_dtype;
   params.logits_soft_cap = options_.logits_soft_cap;
   params.sinks = options_.sinks;
+  params.attention_chunk_size = options_.attention_chunk_size;
   params.dtype = options_.dtype;
   params.device = options_.device;
   AttentionProblem problem = make_attention_problem(params, options_.block_size, nullptr, false, false);
   problem.causal = options_.causal;
   require_supported(backend_->problem_support(problem), backend_->name());
+  if (options_.attention_chunk_size && !backend_->supports_chunked_local_attention()) {
+    throw_unsupported(kWhere, fmt::format("backend {} does not run chunked local attention", backend_->name()));
+  }
   impl_ = backend_->make_impl(params);
   builder_ = backend_->make_builder(
       {options_.block_size, options_.num_kv_heads, options_.head_size, options_.device, {}, options_.num_heads});
@@ -210,7 +219,9 @@ void BatchAttention::plan(std::span<const std::int32_t> query_start_loc, std::sp
   common.causal = options_.causal;
   common.block_size = bs;
   planned_ = false;
-  metadata_ = builder_->build(common);
+  metadata_ = options_.attention_chunk_size
+                  ? builder_->build(make_local_attention_virtual_batches(common, *options_.attention_chunk_size))
+                  : builder_->build(common);
   b.slot_view = common.slot_mapping;
   planned_ = true;
 }

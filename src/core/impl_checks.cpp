@@ -86,6 +86,11 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
   shape.fp8 = is_quantized_kv_cache(p.kv_cache_dtype);
 
   check_arg(common.device() == device, where, "metadata device", device, common.device());
+  if (const int chunk = p.attention_chunk_size.value_or(0); common.local_chunk_size != chunk) {
+    throw_invalid(where, "metadata local_chunk_size",
+                  fmt::format("the layer's attention_chunk_size ({}; make_local_attention_virtual_batches)", chunk),
+                  std::to_string(common.local_chunk_size));
+  }
   check_rows(where, query, "query", device, tokens, p.num_heads, p.head_size);
   check_dtype(query, where, "query", p.dtype);
   check_rows(where, output, "output", device, tokens, p.num_heads, p.head_size);

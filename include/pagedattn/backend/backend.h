@@ -164,6 +164,10 @@ class AttentionBackend {
   virtual bool supports_soft_cap() const { return false; }
   virtual bool supports_alibi() const { return false; }
   virtual bool can_return_lse() const { return false; }
+  // Chunked local attention is a metadata transform in core
+  // (make_local_attention_virtual_batches): any backend whose kernels depend
+  // only on positions relative to the request's keys runs it as it is.
+  virtual bool supports_chunked_local_attention() const { return true; }
   virtual bool is_deterministic() const { return false; }
   virtual bool accept_output_buffer() const { return true; }
   virtual bool forward_includes_kv_cache_update() const { return false; }

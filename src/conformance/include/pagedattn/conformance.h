@@ -40,6 +40,7 @@ struct OracleProblem {
   AttentionType attn_type = AttentionType::Decoder;
   bool causal = true;                 // decoder only; the other types are bidirectional
   std::optional<int> sliding_window;  // ignored for cross-attention
+  std::optional<int> attention_chunk_size;  // decoder only: j in p's chunk, floor(j / C) == floor(p / C)
   std::optional<double> soft_cap;
   std::vector<float> alibi_slopes;  // [H] or empty
   std::vector<float> sinks;         // [H] or empty, unscaled logits
@@ -110,6 +111,7 @@ struct ConformanceCase {
   bool per_head_kv_scales = false;  // fp8: [Hkv] scales instead of [1]
   KVCacheLayout layout = KVCacheLayout::NHD;
   std::optional<int> sliding_window;
+  std::optional<int> attention_chunk_size;  // decoder only; a multiple of block_size
   std::optional<float> soft_cap;
   std::optional<float> scale;  // default head_size^-0.5
   bool alibi = false;          // standard slopes
