@@ -9,6 +9,7 @@
 #pragma once
 
 #include <pagedattn/backend/backend.h>
+#include <pagedattn/cascade.h>
 #include <pagedattn/forward_context.h>
 #include <pagedattn/kv_cache.h>
 #include <pagedattn/tensor.h>
@@ -36,6 +37,9 @@ struct ModelOptions {
   // Backend name for every layer (vLLM's AttentionConfig.backend); empty or
   // "auto" = automatic (PAGEDATTN_BACKEND is still consulted).
   std::string backend{};
+  // Only backends whose results for a request do not depend on the rest of
+  // the batch (vLLM's VLLM_BATCH_INVARIANT): the selector filters on it.
+  bool batch_invariant = false;
 };
 
 // The model-level state layers read at construction, and the layer registry
@@ -55,6 +59,7 @@ class ModelContext {
   Device device() const { return options_.device; }
   int pipeline_parallel_size() const { return options_.pipeline_parallel_size; }
   const std::string& requested_backend() const { return options_.backend; }
+  bool batch_invariant() const { return options_.batch_invariant; }
 
   // nullptr when no layer has that name.
   Attention* find_layer(std::string_view name) const;
@@ -238,16 +243,21 @@ class ModelMetadataBuilder {
  public:
   // `layer_names` empty = every layer of the model, in registration order.
   // The layers must outlive the builder.
-  explicit ModelMetadataBuilder(const ModelContext& model, std::vector<std::string> layer_names = {});
+  // `cascade`: plan steps whose requests share a long prefix as cascades
+  // (cascade.h) for the groups whose layers allow it.
+  explicit ModelMetadataBuilder(const ModelContext& model, std::vector<std::string> layer_names = {},
+                                bool cascade = true);
 
   // Validates `common` against the layers' bound caches (block ids and slots
   // below their num_blocks), then maps every layer name to its backend's
   // metadata. The result goes into ForwardContext::layer_metadata.
   LayerMetadataMap build(const CommonAttentionMetadata& common);
+  // Whether the last build planned a cascade for any group.
+  bool last_step_used_cascade() const;
 
  private:
   struct Group {
-    std::unique_ptr<AttentionMetadataBuilder> builder;
+    std::unique_ptr<CascadeBuilder> builder;
     std::vector<const Attention*> layers;
     int chunk_size = 0;  // the layers' attention_chunk_size, 0 for none
   };

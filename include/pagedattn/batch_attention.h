@@ -11,6 +11,7 @@
 
 #include <pagedattn/attention_types.h>
 #include <pagedattn/backend/backend.h>
+#include <pagedattn/cascade.h>
 #include <pagedattn/metadata.h>
 #include <pagedattn/tensor.h>
 
@@ -39,6 +40,12 @@ struct BatchAttentionOptions {
   std::vector<float> sinks{};             // [num_heads] sink logits or empty
   std::optional<int> attention_chunk_size{};  // chunked local attention; a multiple of block_size
   std::string backend{};                  // empty or "auto" = the selector's choice
+  // Only a backend whose result for a request is the same bits whatever else
+  // is in the batch (vLLM's VLLM_BATCH_INVARIANT).
+  bool batch_invariant = false;
+  // Cascade attention (cascade.h) for steps whose requests share a long
+  // prefix; never with fixed capacities (its buffers are per step).
+  bool cascade = true;
   // Fixed capacities (all three set, or none): plan() never reallocates and
   // rejects a step that exceeds them. Unset = grow as needed.
   int max_num_reqs = 0;
@@ -82,6 +89,8 @@ class BatchAttention {
   int block_size() const { return options_.block_size; }
   // The last plan's token count (query_start_loc[B]); 0 before the first plan.
   int num_tokens() const { return planned_ ? metadata_->common.num_actual_tokens : 0; }
+  // Whether the last plan is a cascade.
+  bool used_cascade() const;
   // The last plan's slot mapping, [num_tokens] i64 on the device.
   const Tensor& slot_mapping() const;
 
@@ -92,7 +101,7 @@ class BatchAttention {
   BatchAttentionOptions options_;
   const AttentionBackend* backend_ = nullptr;
   std::unique_ptr<AttentionImpl> impl_;
-  std::unique_ptr<AttentionMetadataBuilder> builder_;
+  std::unique_ptr<CascadeBuilder> builder_;
   std::unique_ptr<Buffers> buffers_;
   LayerQuantState unit_scales_;
   std::shared_ptr<const BackendMetadata> metadata_;

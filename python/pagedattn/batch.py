@@ -32,8 +32,8 @@ class BatchAttention:
 
     def __init__(self, num_heads, head_size, *, num_kv_heads=None, scale=None, dtype="bf16", kv_cache_dtype="auto",
                  block_size=16, device="cpu", causal=True, sliding_window=None, logits_soft_cap=None,
-                 alibi_slopes=None, sinks=None, attention_chunk_size=None, backend=None, max_num_reqs=0,
-                 max_num_tokens=0, max_blocks_per_req=0):
+                 alibi_slopes=None, sinks=None, attention_chunk_size=None, batch_invariant=False, cascade=True, backend=None,
+                 max_num_reqs=0, max_num_tokens=0, max_blocks_per_req=0):
         dtype = _TORCH_DTYPES.get(str(dtype), str(dtype))
         self._device = str(device)
         self._impl = _pagedattn.BatchAttention(
@@ -42,13 +42,18 @@ class BatchAttention:
             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
             alibi_slopes=[float(a) for a in alibi_slopes] if alibi_slopes is not None else [],
             sinks=[float(s) for s in sinks] if sinks is not None else [], attention_chunk_size=attention_chunk_size,
-            backend=backend or "",
+            batch_invariant=batch_invariant, cascade=cascade, backend=backend or "",
             max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens, max_blocks_per_req=max_blocks_per_req)
 
     @property
     def backend(self) -> str:
         """The backend the selector chose (or the one named)."""
         return self._impl.backend
+
+    @property
+    def used_cascade(self) -> bool:
+        """Whether the last plan is a cascade (its requests share a long prefix; pagedattn.cascade docs)."""
+        return self._impl.used_cascade
 
     @property
     def num_tokens(self) -> int:

@@ -31,8 +31,8 @@ BatchAttentionOptions make_options(int num_heads, int head_size, std::optional<i
                      const std::string& dtype, const std::string& kv_cache_dtype, int block_size,
                      const std::string& device, bool causal, std::optional<int> sliding_window,
                      std::optional<float> logits_soft_cap, std::vector<float> alibi_slopes, std::vector<float> sinks,
-                     std::optional<int> attention_chunk_size, const std::string& backend, int max_num_reqs,
-                     int max_num_tokens, int max_blocks_per_req) {
+                     std::optional<int> attention_chunk_size, bool batch_invariant, bool cascade,
+                     const std::string& backend, int max_num_reqs, int max_num_tokens, int max_blocks_per_req) {
   constexpr std::string_view where = "BatchAttention";
   BatchAttentionOptions o;
   o.num_heads = num_heads;
@@ -49,6 +49,8 @@ BatchAttentionOptions make_options(int num_heads, int head_size, std::optional<i
   o.alibi_slopes = std::move(alibi_slopes);
   o.sinks = std::move(sinks);
   o.attention_chunk_size = attention_chunk_size;
+  o.batch_invariant = batch_invariant;
+  o.cascade = cascade;
   o.backend = backend;
   o.max_num_reqs = max_num_reqs;
   o.max_num_tokens = max_num_tokens;
@@ -105,19 +107,21 @@ void register_batch(nb::module_& m) {
               std::optional<float> scale, const std::string& dtype, const std::string& kv_cache_dtype,
               int block_size, const std::string& device, bool causal, std::optional<int> sliding_window,
               std::optional<float> logits_soft_cap, std::vector<float> alibi_slopes, std::vector<float> sinks,
-              std::optional<int> attention_chunk_size, const std::string& backend, int max_num_reqs,
-              int max_num_tokens, int max_blocks_per_req) {
+              std::optional<int> attention_chunk_size, bool batch_invariant, bool cascade,
+              const std::string& backend, int max_num_reqs, int max_num_tokens, int max_blocks_per_req) {
              new (self) BatchAttention(make_options(num_heads, head_size, num_kv_heads, scale, dtype, kv_cache_dtype,
                                                     block_size, device, causal, sliding_window, logits_soft_cap,
                                                     std::move(alibi_slopes), std::move(sinks), attention_chunk_size,
-                                                    backend, max_num_reqs, max_num_tokens, max_blocks_per_req));
+                                                    batch_invariant, cascade, backend, max_num_reqs,
+                                                    max_num_tokens, max_blocks_per_req));
            },
            arg("num_heads"), arg("head_size"), nb::kw_only(), arg("num_kv_heads").none() = nb::none(),
            arg("scale").none() = nb::none(), arg("dtype") = "bf16", arg("kv_cache_dtype") = "auto",
            arg("block_size") = 16, arg("device") = "cpu", arg("causal") = true,
            arg("sliding_window").none() = nb::none(), arg("logits_soft_cap").none() = nb::none(),
            arg("alibi_slopes") = std::vector<float>{}, arg("sinks") = std::vector<float>{},
-           arg("attention_chunk_size").none() = nb::none(), arg("backend") = "",
+           arg("attention_chunk_size").none() = nb::none(), arg("batch_invariant") = false,
+           arg("cascade") = true, arg("backend") = "",
            arg("max_num_reqs") = 0, arg("max_num_tokens") = 0, arg("max_blocks_per_req") = 0)
       .def("plan", &plan, arg("query_start_loc"), arg("seq_lens"), arg("block_table"), arg("stream").none() = nb::none(),
            "query_start_loc [B+1], seq_lens [B], block_table [B, M]: int32 host arrays.")
@@ -129,6 +133,7 @@ void register_batch(nb::module_& m) {
            arg("iterations"), arg("stream").none() = nb::none())
       .def_prop_ro("backend", [](const BatchAttention& self) { return std::string(self.backend().name()); })
       .def_prop_ro("num_tokens", &BatchAttention::num_tokens)
+      .def_prop_ro("used_cascade", &BatchAttention::used_cascade)
       .def_prop_ro("block_size", &BatchAttention::block_size);
 }
 

@@ -133,12 +133,15 @@ void register_layer(nb::module_& m) {
   using nb::arg;
   nb::class_<ModelContext>(m, "ModelContext", "The layers of one model: registry, dtype, device, backend choice.")
       .def("__init__",
-           [](ModelContext* self, const std::string& dtype, const std::string& device, const std::string& backend) {
-             new (self) ModelContext(
-                 {.dtype = dtype_arg(dtype, "ModelContext"), .device = device_arg(device, "ModelContext"),
-                  .backend = backend});
+           [](ModelContext* self, const std::string& dtype, const std::string& device, const std::string& backend,
+              bool batch_invariant) {
+             new (self) ModelContext({.dtype = dtype_arg(dtype, "ModelContext"),
+                                      .device = device_arg(device, "ModelContext"),
+                                      .backend = backend,
+                                      .batch_invariant = batch_invariant});
            },
-           nb::kw_only(), arg("dtype") = "bf16", arg("device") = "cpu", arg("backend") = "")
+           nb::kw_only(), arg("dtype") = "bf16", arg("device") = "cpu", arg("backend") = "",
+           arg("batch_invariant") = false)
       .def("__enter__",
            [](ModelContext& self) -> ModelContext& {
              entered_models().push_back(&self);

@@ -65,6 +65,12 @@ def test_run_before_plan_and_bad_plans_raise_value_error():
         attn.plan([0, 1], [40], [[0, 1]])
 
 
+def test_batch_invariant_mode_picks_a_batch_invariant_backend():
+    assert pagedattn.BatchAttention(4, 32, dtype="f32", batch_invariant=True).backend == "CPU_ATTN"
+    with pytest.raises(NotImplementedError, match="batch"):
+        pagedattn.BatchAttention(4, 32, dtype="f32", batch_invariant=True, backend="CUDA_FLASH")
+
+
 def test_unknown_options_and_unsupported_backends_are_reported():
     with pytest.raises(ValueError, match="num_kv_heads"):
         pagedattn.BatchAttention(6, 32, num_kv_heads=4, dtype="f32")

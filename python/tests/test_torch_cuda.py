@@ -152,6 +152,34 @@ def test_flash_attn_varlen_func_dense_kv_with_sinks_and_lse():
 
 
 @torch.inference_mode()
+def test_cascade_matches_the_plain_plan():
+    """12 requests (decodes and 9-token steps) sharing a 512-token prefix, private suffixes."""
+    g = torch.Generator(device="cuda").manual_seed(7)
+    heads, hkv, d, bs, prefix_blocks, own_blocks, reqs = 16, 2, 128, 16, 32, 8, 12
+    nb = prefix_blocks + reqs * own_blocks
+    kc = torch.randn(nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    vc = torch.randn(nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q_lens = [9 if r % 3 == 0 else 1 for r in range(reqs)]
+    seq = [prefix_blocks * bs + 13 * r + 20 for r in range(reqs)]
+    table = [list(range(prefix_blocks)) + list(range(prefix_blocks + r * own_blocks, prefix_blocks + (r + 1) * own_blocks))
+             for r in range(reqs)]
+    qsl = [0]
+    for n in q_lens:
+        qsl.append(qsl[-1] + n)
+    q = torch.randn(qsl[-1], heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    outs = {}
+    for cascade in (True, False):
+        attn = pagedattn.BatchAttention(heads, d, num_kv_heads=hkv, dtype=torch.bfloat16, device="cuda",
+                                        block_size=bs, cascade=cascade)
+        attn.plan(qsl, seq, table)
+        assert attn.used_cascade == cascade
+        outs[cascade] = attn.run(q, None, None, (kc, vc))
+    torch.testing.assert_close(outs[True].float(), outs[False].float(), **BF16_TOL)
+    want = ref_paged(q, kc, vc, q_lens, seq, torch.tensor(table, device="cuda"), d ** -0.5)
+    torch.testing.assert_close(outs[True].float(), want, **BF16_TOL)
+
+
+@torch.inference_mode()
 def test_runs_on_torchs_current_stream():
     q, k, v, _, _, cu_q, kv, table, query_lens, kv_lens = case(SEQS[1], (8, 2), 128, 16, 2048, "bf16")
     side = torch.cuda.Stream()

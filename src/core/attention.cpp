@@ -256,6 +256,7 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
   selector.use_per_head_quant_scales = per_head_scales;
   selector.attn_type = attn_type_;
   selector.use_non_causal = options.use_non_causal;
+  selector.use_batch_invariant = model.batch_invariant();
   selector.device = device_;
   selector.capability = capability_of(device_);
   backend_ = &choose_backend(where, selector, options.attn_backend, model.requested_backend());
@@ -435,12 +436,12 @@ Tensor Attention::forward(const TensorView& query, const TensorView& key, const 
   }
   // The impl's own checks (metadata against the cache, its kernels' limits)
   // run before the cache update too, so a rejected forward writes nothing.
-  impl_->check_forward(quant_, q, k, v, kv, metadata, out, lse);
+  check_planned_forward(*impl_, quant_, q, k, v, kv, metadata, out, lse);
 
   // Every argument is valid: from here on state changes.
   if (calculate_kv_scales_ && k.defined()) calc_kv_scales(q, k, v);
   if (writes_cache) impl_->do_kv_cache_update(quant_, k, v, kv, slots);
-  impl_->forward(quant_, q, k, v, kv, metadata, out, lse);
+  planned_forward(*impl_, quant_, q, k, v, kv, metadata, out, lse);
 
   const TensorView flat = out.view({num_tokens, static_cast<std::int64_t>(num_heads_) * head_size_});
   return output.defined() ? Tensor(Tensor{}, flat) : Tensor(allocated, flat);
@@ -555,7 +556,8 @@ const KVCacheView& Attention::kv_cache_view(int virtual_engine) const {
 
 // -------------------------------------------------------- ModelMetadataBuilder
 
-ModelMetadataBuilder::ModelMetadataBuilder(const ModelContext& model, std::vector<std::string> layer_names) {
+ModelMetadataBuilder::ModelMetadataBuilder(const ModelContext& model, std::vector<std::string> layer_names,
+                                           bool cascade) {
   std::vector<const Attention*> layers;
   if (layer_names.empty()) {
     layers.assign(model.layers().begin(), model.layers().end());
@@ -582,13 +584,13 @@ ModelMetadataBuilder::ModelMetadataBuilder(const ModelContext& model, std::vecto
     params.num_kv_heads = first.num_kv_heads();
     params.head_size = first.head_size();
     params.device = model.device();
+    bool allow = cascade;
     for (const Attention* layer : group.layers) {
       params.layer_names.push_back(layer->layer_name());
       params.num_heads = std::max(params.num_heads, layer->num_heads());
+      allow = allow && cascade_applies(layer->impl().params());
     }
-    group.builder = first.backend().make_builder(params);
-    check_arg(group.builder != nullptr, "ModelMetadataBuilder",
-              fmt::format("backend {} builder", first.backend().name()), "a builder", "null");
+    group.builder = std::make_unique<CascadeBuilder>(first.backend(), params, model.dtype(), allow);
   }
 }
 
@@ -623,6 +625,10 @@ LayerMetadataMap ModelMetadataBuilder::build(const CommonAttentionMetadata& comm
     for (const Attention* layer : group.layers) result.emplace(layer->layer_name(), metadata);
   }
   return result;
+}
+
+bool ModelMetadataBuilder::last_step_used_cascade() const {
+  return std::any_of(groups_.begin(), groups_.end(), [](const Group& g) { return g.builder->last_used_cascade(); });
 }
 
 }  // namespace pagedattn

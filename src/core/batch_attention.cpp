@@ -78,6 +78,7 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
   cfg.block_size = options_.block_size;
   cfg.has_sink = !options_.sinks.empty();
   cfg.use_non_causal = !options_.causal;
+  cfg.use_batch_invariant = options_.batch_invariant;
   cfg.device = options_.device;
   cfg.capability = capability_of(options_.device);
   // An empty request would let PAGEDATTN_BACKEND choose; "auto" asks the selector.
@@ -103,8 +104,12 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
     throw_unsupported(kWhere, fmt::format("backend {} does not run chunked local attention", backend_->name()));
   }
   impl_ = backend_->make_impl(params);
-  builder_ = backend_->make_builder(
-      {options_.block_size, options_.num_kv_heads, options_.head_size, options_.device, {}, options_.num_heads});
+  const bool fixed = options_.max_num_reqs > 0;
+  builder_ = std::make_unique<CascadeBuilder>(
+      *backend_,
+      BuilderParams{options_.block_size, options_.num_kv_heads, options_.head_size, options_.device, {},
+                    options_.num_heads},
+      options_.dtype, options_.cascade && !fixed && cascade_applies(impl_->params()));
   unit_scales_.q_scale = unit_scale(options_.device);
   unit_scales_.k_scale = unit_scale(options_.device);
   unit_scales_.v_scale = unit_scale(options_.device);
@@ -226,6 +231,8 @@ void BatchAttention::plan(std::span<const std::int32_t> query_start_loc, std::sp
   planned_ = true;
 }
 
+bool BatchAttention::used_cascade() const { return planned_ && builder_->last_used_cascade(); }
+
 const Tensor& BatchAttention::slot_mapping() const {
   check_arg(planned_, "BatchAttention::slot_mapping", "plan", "called first", "no plan");
   return buffers_->slot_view;
@@ -252,9 +259,9 @@ void BatchAttention::run(const TensorView& query, const TensorView& key, const T
   }
   // The impl's checks cover every argument and the cache against the plan's
   // block ids, so a rejected run writes nothing.
-  impl_->check_forward(quant, query, key, value, cache, md, output, lse);
+  check_planned_forward(*impl_, quant, query, key, value, cache, md, output, lse);
   if (key.defined()) impl_->do_kv_cache_update(quant, key, value, cache, buffers_->slot_view);
-  impl_->forward(quant, query, key, value, cache, md, output, lse);
+  planned_forward(*impl_, quant, query, key, value, cache, md, output, lse);
 }
 
 }  // namespace pagedattn

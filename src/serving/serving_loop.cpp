@@ -196,6 +196,7 @@ void ServingLoop::run_layers(const std::vector<Scheduled>& batch, bool check) {
   const auto* slots = common.slot_mapping.data_as<std::int64_t>();
   ForwardContext ctx;
   ctx.layer_metadata = builder_->build(common);
+  if (builder_->last_step_used_cascade()) ++stats_.cascade_steps;
   ForwardContextScope scope(std::move(ctx));
 
   const int q_width = options_.heads * options_.head_size;

@@ -41,6 +41,7 @@ struct ServingStats {
   int rejected = 0;  // could never fit in the pool
   int preemptions = 0;
   int steps = 0;
+  int cascade_steps = 0;  // steps planned as cascades (requests sharing a long cached prefix)
   std::int64_t prompt_tokens = 0;
   std::int64_t generated_tokens = 0;
   std::int64_t computed_tokens = 0;  // every token the layers ran (prefill, recompute, decode)

@@ -148,6 +148,7 @@ nlohmann::json summary_json(const ServingStats& s, const std::string& backend, c
           {"kv_waste", s.kv_waste()},
           {"prefix_cache_hit_rate", s.prefix_hit_rate},
           {"preemptions", s.preemptions},
+          {"cascade_steps", s.cascade_steps},
           {"check_passed", s.checks_passed},
           {"check_failed", s.checks_failed},
           {"messages", s.messages}};
@@ -246,6 +247,8 @@ int run_main_job(const RunOptions& o) {
   fmt::print("  KV waste:          {:.2f}% of allocated slots hold no token\n", s.kv_waste() * kPercent);
   fmt::print("  prefix-cache hits: {:.1f}% of looked-up tokens\n", s.prefix_hit_rate * kPercent);
   fmt::print("  preemptions:       {}\n", s.preemptions);
+  fmt::print("  cascade steps:     {} of {} (requests sharing a cached prefix of >= {} tokens)\n", s.cascade_steps,
+             s.steps, kCascadeMinPrefixTokens);
   fmt::print("check: {} passed, {} failed\n", s.checks_passed, s.checks_failed);
   if (json.is_open()) {
     json << summary_json(s, std::string(backend.name()), o).dump(2) << "\n";
