@@ -38,7 +38,8 @@ bool cascade_pays(const CommonAttentionMetadata& common, int prefix_blocks);
 
 // The step's two parts, each a valid step of its own:
 //   prefix  the step's query tokens, in order, as virtual requests of at most
-//           prefix_len tokens, each over the prefix blocks, non-causal
+//           prefix_len tokens (and at most max_queries when it is > 0), each
+//           over the prefix blocks, non-causal
 //   suffix  each request over its keys after the prefix (its block-table
 //           row from entry prefix_blocks on), causal
 // Both keep the step's slot mapping. Throws InvalidArgument when
@@ -47,7 +48,7 @@ struct CascadeSplit {
   CommonAttentionMetadata prefix;
   CommonAttentionMetadata suffix;
 };
-CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blocks);
+CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blocks, int max_queries = 0);
 
 // A cascade's plan: `common` and `facts` are the whole step's (what the
 // layer checks its tensors against); the parts' plans come from the same

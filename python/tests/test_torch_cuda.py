@@ -155,7 +155,7 @@ def test_flash_attn_varlen_func_dense_kv_with_sinks_and_lse():
 def test_cascade_matches_the_plain_plan():
     """12 requests (decodes and 9-token steps) sharing a 512-token prefix, private suffixes."""
     g = torch.Generator(device="cuda").manual_seed(7)
-    heads, hkv, d, bs, prefix_blocks, own_blocks, reqs = 16, 2, 128, 16, 32, 8, 12
+    heads, hkv, d, bs, prefix_blocks, own_blocks, reqs = 16, 2, 128, 16, 32, 12, 12
     nb = prefix_blocks + reqs * own_blocks
     kc = torch.randn(nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
     vc = torch.randn(nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)

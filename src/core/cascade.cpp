@@ -56,7 +56,7 @@ bool cascade_pays(const CommonAttentionMetadata& common, int prefix_blocks) {
          static_cast<std::int64_t>(prefix_blocks) * common.block_size >= kCascadeMinPrefixTokens;
 }
 
-CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blocks) {
+CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blocks, int max_queries) {
   common.validate(kSplitWhere);
   const int shared = common_prefix_blocks(common);
   check_arg(prefix_blocks >= 1 && prefix_blocks <= shared, kSplitWhere, "prefix_blocks",
@@ -64,6 +64,8 @@ CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blo
   const int prefix_len = prefix_blocks * common.block_size;
   const int tokens = common.num_actual_tokens;
   const Device device = common.device();
+  check_arg(max_queries >= 0, kSplitWhere, "max_queries", ">= 0", max_queries);
+  const int per_request = max_queries > 0 ? std::min(max_queries, prefix_len) : prefix_len;
 
   CascadeSplit split{common, common};
   // Prefix: every query over the prefix, non-causal (each of them follows
@@ -74,13 +76,13 @@ CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blo
   std::vector<std::int32_t> seq_lens;
   std::vector<std::int32_t> table;
   do {
-    query_start_loc.push_back(std::min(tokens, query_start_loc.back() + prefix_len));
+    query_start_loc.push_back(std::min(tokens, query_start_loc.back() + per_request));
     seq_lens.push_back(prefix_len);
     table.insert(table.end(), prefix_row.begin(), prefix_row.end());
   } while (query_start_loc.back() < tokens);
   set_arrays(split.prefix, query_start_loc, seq_lens, table, prefix_blocks, device);
   split.prefix.causal = false;
-  split.prefix.max_query_len = std::min(tokens, prefix_len);
+  split.prefix.max_query_len = std::min(tokens, per_request);
   split.prefix.max_seq_len = prefix_len;
 
   // Suffix: each request over its keys after the prefix.
@@ -115,7 +117,7 @@ std::shared_ptr<const BackendMetadata> CascadeBuilder::build(const CommonAttenti
   if (blocks == 0 || !cascade_pays(common, blocks)) return plain_->build(common);
   auto md = std::make_shared<CascadeMetadata>();
   adopt_step("CascadeBuilder::build", common, *md);
-  const CascadeSplit split = split_cascade(md->common, blocks);
+  const CascadeSplit split = split_cascade(md->common, blocks, backend_.cascade_prefix_queries());
   if (!prefix_) prefix_ = backend_.make_builder(params_);
   if (!suffix_) suffix_ = backend_.make_builder(params_);
   md->prefix = prefix_->build(split.prefix);

@@ -45,6 +45,8 @@ TEST(CascadeTest, TheStepSplitsIntoANonCausalPrefixPassAndACausalSuffixPass) {
   split.prefix.validate("test");
   split.suffix.validate("test");
   test::expect_invalid([&] { split_cascade(common, 3); }, "prefix_blocks");
+  // At most 3 queries per prefix request: 3 + 3 + 2.
+  EXPECT_EQ(ints(split_cascade(common, 2, 3).prefix.query_start_loc_cpu), (std::vector<std::int32_t>{0, 3, 6, 8}));
 }
 
 constexpr int kHeads = 8;

@@ -168,6 +168,11 @@ class AttentionBackend {
   // (make_local_attention_virtual_batches): any backend whose kernels depend
   // only on positions relative to the request's keys runs it as it is.
   virtual bool supports_chunked_local_attention() const { return true; }
+  // Query tokens per request of a cascade's prefix pass (cascade.h); 0 = as
+  // many as the prefix has keys. A backend whose short-query kernel splits
+  // keys across the device asks for that many, so that the pass, one long
+  // non-causal read of the prefix, runs as parallel decodes.
+  virtual int cascade_prefix_queries() const { return 0; }
   virtual bool is_deterministic() const { return false; }
   virtual bool accept_output_buffer() const { return true; }
   virtual bool forward_includes_kv_cache_update() const { return false; }

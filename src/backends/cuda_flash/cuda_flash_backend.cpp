@@ -15,6 +15,8 @@ constexpr int kHeadSizeAlign = cuda_flash::kHeadSizeAlign;
 
 }  // namespace
 
+int CudaFlashBackend::cascade_prefix_queries() const { return cuda_flash::kDecodeMaxTokens; }
+
 std::vector<CacheDType> CudaFlashBackend::supported_kv_cache_dtypes() const {
   return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16,
           CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};

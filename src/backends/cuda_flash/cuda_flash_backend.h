@@ -37,6 +37,8 @@ class CudaFlashBackend : public AttentionBackend {
   bool supports_soft_cap() const override { return true; }
   bool supports_alibi() const override { return true; }
   bool can_return_lse() const override { return true; }
+  // The decode kernel's query count: the cascade's prefix pass runs as split decodes.
+  int cascade_prefix_queries() const override;
   bool is_deterministic() const override { return true; }
 
   ProblemSupport problem_support(const AttentionProblem& problem) const override;
