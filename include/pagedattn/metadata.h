@@ -118,6 +118,15 @@ CommonAttentionMetadata make_cross_attention_metadata(std::span<const RequestSpe
                                                       std::span<const int> encoder_lens,
                                                       bool write_encoder_kv, const MetadataOptions& options);
 
+// Replaces the step's requests: the host arrays and their copies on the
+// metadata's device, and num_reqs (the rest, the slot mapping and the
+// token counts included, stays as it is). Used by the step transforms below
+// and by cascade.h.
+//   block_table  [B, stride] row-major
+void set_requests(CommonAttentionMetadata& md, std::span<const std::int32_t> query_start_loc,
+                  std::span<const std::int32_t> seq_lens, std::span<const std::int32_t> block_table,
+                  std::int64_t stride);
+
 // Chunked local attention (Llama 4's attention_chunk_size, vLLM's
 // make_local_attention_virtual_batches): a query at position p sees only
 // keys j with floor(j / C) == floor(p / C) (and j <= p when causal). Each

@@ -8,14 +8,13 @@ two outputs agree within bf16's tolerance before reporting.
 """
 
 import argparse
-import json
-import statistics
 import sys
 
 import numpy as np
 import torch
 
 import pagedattn
+from alternate import alternating_medians, report
 
 BF16_TOL = dict(atol=1.5e-2, rtol=1e-2)
 
@@ -61,27 +60,19 @@ def main() -> int:
         end.synchronize()
         return start.elapsed_time(end) / a.iterations
 
-    for c in (True, False):  # warm-up
-        time_ms(c)
-    times = {True: [], False: []}
-    for r in range(a.rounds):
-        for c in ((True, False) if r % 2 == 0 else (False, True)):
-            times[c].append(time_ms(c))
+    cascade_ms, plain_ms = alternating_medians(lambda: time_ms(True), lambda: time_ms(False), a.rounds)
     result = {
         "device": torch.cuda.get_device_name(),
         "backend": runs[True][0].backend,
         "shape": f"{a.requests} decodes, {a.prefix}-token shared prefix, {a.suffix}-token suffixes, "
                  f"H {heads}, Hkv {kv_heads}, D {d}, bf16, block {bs}",
-        "cascade_ms": statistics.median(times[True]),
-        "plain_ms": statistics.median(times[False]),
+        "cascade_ms": cascade_ms,
+        "plain_ms": plain_ms,
     }
     result["speedup"] = result["plain_ms"] / result["cascade_ms"]
-    print(f"{result['backend']} on {result['device']}, {result['shape']}: cascade {result['cascade_ms']:.4f} ms, "
-          f"plain {result['plain_ms']:.4f} ms, speedup {result['speedup']:.2f}x "
-          f"(median of {a.rounds} alternating rounds of {a.iterations} runs; outputs agree)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
+    report(result, f"{result['backend']} on {result['device']}, {result['shape']}: cascade {cascade_ms:.4f} ms, "
+                   f"plain {plain_ms:.4f} ms, speedup {result['speedup']:.2f}x (median of {a.rounds} alternating "
+                   f"rounds of {a.iterations} runs; outputs agree)", a.json)
     return 0
 
 

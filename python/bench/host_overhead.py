@@ -11,8 +11,6 @@ queue never fills); the median of R rounds of each, alternating.
 """
 
 import argparse
-import json
-import statistics
 import sys
 import time
 
@@ -20,6 +18,7 @@ import numpy as np
 import torch
 
 import pagedattn
+from alternate import alternating_medians, report
 
 
 def main() -> int:
@@ -61,27 +60,18 @@ def main() -> int:
         sync()
         return host
 
-    for _ in range(3):  # warm-up: the first calls pay one-time costs
-        python_loop()
-        cpp_loop()
-    py, cpp = [], []
-    for r in range(a.rounds):
-        for which in ((python_loop, py), (cpp_loop, cpp)) if r % 2 == 0 else ((cpp_loop, cpp), (python_loop, py)):
-            which[1].append(which[0]())
+    python_s, cpp_s = alternating_medians(python_loop, cpp_loop, a.rounds)
     result = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "backend": attn.backend,
         "shape": f"batch {a.batch}, context {a.context}, H {heads}, Hkv {kv_heads}, D {d}, bf16",
-        "python_us": statistics.median(py) * 1e6,
-        "cpp_us": statistics.median(cpp) * 1e6,
+        "python_us": python_s * 1e6,
+        "cpp_us": cpp_s * 1e6,
     }
     result["overhead_us"] = result["python_us"] - result["cpp_us"]
-    print(f"{result['backend']} on {result['device']}, {result['shape']}: run() from Python "
-          f"{result['python_us']:.2f} us, from C++ {result['cpp_us']:.2f} us, overhead {result['overhead_us']:.2f} us "
-          f"(median of {a.rounds} rounds of {a.iterations} calls)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
+    report(result, f"{result['backend']} on {result['device']}, {result['shape']}: run() from Python "
+                   f"{result['python_us']:.2f} us, from C++ {result['cpp_us']:.2f} us, overhead "
+                   f"{result['overhead_us']:.2f} us (median of {a.rounds} rounds of {a.iterations} calls)", a.json)
     return 0
 
 

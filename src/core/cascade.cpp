@@ -14,20 +14,6 @@ namespace {
 
 constexpr std::string_view kSplitWhere = "split_cascade";
 
-// Host arrays of a part as a step on `device` (device copies of its own).
-void set_arrays(CommonAttentionMetadata& md, const std::vector<std::int32_t>& query_start_loc,
-                const std::vector<std::int32_t>& seq_lens, const std::vector<std::int32_t>& table,
-                std::int64_t stride, Device device) {
-  const auto num_reqs = static_cast<std::int64_t>(seq_lens.size());
-  md.query_start_loc_cpu = Tensor::from_i32(query_start_loc, {num_reqs + 1});
-  md.seq_lens_cpu = Tensor::from_i32(seq_lens, {num_reqs});
-  md.block_table_cpu = Tensor::from_i32(table, {num_reqs, stride});
-  md.query_start_loc = device.is_cpu() ? md.query_start_loc_cpu : md.query_start_loc_cpu.to(device);
-  md.seq_lens = device.is_cpu() ? md.seq_lens_cpu : md.seq_lens_cpu.to(device);
-  md.block_table = device.is_cpu() ? md.block_table_cpu : md.block_table_cpu.to(device);
-  md.num_reqs = static_cast<int>(num_reqs);
-}
-
 }  // namespace
 
 int common_prefix_blocks(const CommonAttentionMetadata& common) {
@@ -63,7 +49,6 @@ CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blo
             fmt::format("in [1, the shared prefix's {} blocks]", shared), prefix_blocks);
   const int prefix_len = prefix_blocks * common.block_size;
   const int tokens = common.num_actual_tokens;
-  const Device device = common.device();
   check_arg(max_queries >= 0, kSplitWhere, "max_queries", ">= 0", max_queries);
   const int per_request = max_queries > 0 ? std::min(max_queries, prefix_len) : prefix_len;
 
@@ -80,7 +65,7 @@ CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blo
     seq_lens.push_back(prefix_len);
     table.insert(table.end(), prefix_row.begin(), prefix_row.end());
   } while (query_start_loc.back() < tokens);
-  set_arrays(split.prefix, query_start_loc, seq_lens, table, prefix_blocks, device);
+  set_requests(split.prefix, query_start_loc, seq_lens, table, prefix_blocks);
   split.prefix.causal = false;
   split.prefix.max_query_len = std::min(tokens, per_request);
   split.prefix.max_seq_len = prefix_len;
@@ -97,7 +82,7 @@ CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blo
     const std::span<const std::int32_t> row = common.block_table_host_row(r);
     table.insert(table.end(), row.begin() + prefix_blocks, row.end());
   }
-  set_arrays(split.suffix, query_start_loc, seq_lens, table, stride, device);
+  set_requests(split.suffix, query_start_loc, seq_lens, table, stride);
   split.suffix.max_seq_len = longest;
   return split;
 }

@@ -51,15 +51,7 @@ CommonAttentionMetadata make_local_attention_virtual_batches(const CommonAttenti
     }
   }
   CommonAttentionMetadata out = common;
-  const Device device = common.device();
-  const auto num_reqs = static_cast<std::int64_t>(seq_lens.size());
-  out.query_start_loc_cpu = Tensor::from_i32(query_start_loc, {num_reqs + 1});
-  out.seq_lens_cpu = Tensor::from_i32(seq_lens, {num_reqs});
-  out.block_table_cpu = Tensor::from_i32(table, {num_reqs, blocks_per_chunk});
-  out.query_start_loc = device.is_cpu() ? out.query_start_loc_cpu : out.query_start_loc_cpu.to(device);
-  out.seq_lens = device.is_cpu() ? out.seq_lens_cpu : out.seq_lens_cpu.to(device);
-  out.block_table = device.is_cpu() ? out.block_table_cpu : out.block_table_cpu.to(device);
-  out.num_reqs = static_cast<int>(num_reqs);
+  set_requests(out, query_start_loc, seq_lens, table, blocks_per_chunk);
   out.max_query_len = max_query_len;
   out.max_seq_len = max_seq_len;
   out.local_chunk_size = chunk_size;

@@ -342,6 +342,26 @@ CommonAttentionMetadata CommonAttentionMetadata::with_own_host_arrays() const {
   return copy;
 }
 
+void set_requests(CommonAttentionMetadata& md, std::span<const std::int32_t> query_start_loc,
+                  std::span<const std::int32_t> seq_lens, std::span<const std::int32_t> block_table,
+                  std::int64_t stride) {
+  constexpr std::string_view where = "set_requests";
+  const auto num_reqs = static_cast<std::int64_t>(seq_lens.size());
+  check_arg(static_cast<std::int64_t>(query_start_loc.size()) == num_reqs + 1, where, "query_start_loc size",
+            num_reqs + 1, query_start_loc.size());
+  check_arg(stride >= 0 && static_cast<std::int64_t>(block_table.size()) == num_reqs * stride, where,
+            "block_table size", fmt::format("{} * {}", num_reqs, stride), block_table.size());
+  check_arg(num_reqs <= kMaxTokens, where, "number of requests", fmt::format("<= {}", kMaxTokens), num_reqs);
+  const Device device = md.device();
+  md.query_start_loc_cpu = Tensor::from_i32(query_start_loc, {num_reqs + 1});
+  md.seq_lens_cpu = Tensor::from_i32(seq_lens, {num_reqs});
+  md.block_table_cpu = Tensor::from_i32(block_table, {num_reqs, stride});
+  md.query_start_loc = device.is_cpu() ? md.query_start_loc_cpu : md.query_start_loc_cpu.to(device);
+  md.seq_lens = device.is_cpu() ? md.seq_lens_cpu : md.seq_lens_cpu.to(device);
+  md.block_table = device.is_cpu() ? md.block_table_cpu : md.block_table_cpu.to(device);
+  md.num_reqs = static_cast<int>(num_reqs);
+}
+
 std::vector<std::int64_t> slots_for_positions(std::span<const std::int32_t> blocks, int block_size, int first,
                                               int count) {
   constexpr std::string_view where = "slots_for_positions";
