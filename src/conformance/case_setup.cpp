@@ -43,6 +43,16 @@ void validate_case(const ConformanceCase& c) {
   check_arg(!c.padded_slots || c.attn_type != AttentionType::EncoderDecoder, where, "padded_slots",
             "not with cross-attention", "set");
   if (c.sliding_window) check_arg(*c.sliding_window > 0, where, "sliding_window", "> 0", *c.sliding_window);
+  if (c.shared_prefix != 0) {
+    check_arg(c.shared_prefix > 0 && c.shared_prefix % c.block_size == 0, where, "shared_prefix",
+              fmt::format("a positive multiple of block_size ({})", c.block_size), c.shared_prefix);
+    check_arg(c.attn_type == AttentionType::Decoder, where, "shared_prefix", "only with decoder attention",
+              attention_type_name(c.attn_type));
+    for (const auto& [q, s] : c.batch.requests) {
+      check_arg(s - q >= c.shared_prefix, where, "shared_prefix", fmt::format("<= every context ({} - {})", s, q),
+                c.shared_prefix);
+    }
+  }
   if (c.attention_chunk_size) {
     check_arg(*c.attention_chunk_size > 0 && *c.attention_chunk_size % c.block_size == 0, where,
               "attention_chunk_size", fmt::format("a positive multiple of block_size ({})", c.block_size),

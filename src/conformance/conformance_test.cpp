@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <pagedattn/cascade.h>
 #include <pagedattn/conformance.h>
 
 #include <algorithm>
@@ -140,6 +141,28 @@ TEST(ConformanceGridTest, CoversChunkedLocalAttentionAcrossChunkBoundaries) {
           << dtype_name(dt) << (features ? " with features" : "") << ": decode past the first chunk";
     }
   }
+}
+
+// Cascade: for every dtype, shared prefixes that are planned as cascades
+// (plain and with a soft cap) and ones the builder must decline (a window,
+// ALiBi or sinks; a prefix under the heuristic's minimum).
+TEST(ConformanceGridTest, CoversCascadesAndTheStepsThatMustNotCascade) {
+  const auto& cases = grid();
+  const auto any = [&](auto pred) { return std::any_of(cases.begin(), cases.end(), pred); };
+  for (const DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    EXPECT_TRUE(any([&](const ConformanceCase& c) {
+      return c.dtype == dt && c.shared_prefix >= kCascadeMinPrefixTokens && !c.sliding_window && !c.alibi &&
+             !c.sinks && c.soft_cap;
+    })) << dtype_name(dt) << ": cascade with a soft cap";
+    EXPECT_TRUE(any([&](const ConformanceCase& c) {
+      return c.dtype == dt && c.shared_prefix >= kCascadeMinPrefixTokens && c.sliding_window;
+    })) << dtype_name(dt) << ": declined for a window";
+    EXPECT_TRUE(any([&](const ConformanceCase& c) {
+      return c.dtype == dt && c.shared_prefix > 0 && c.shared_prefix < kCascadeMinPrefixTokens;
+    })) << dtype_name(dt) << ": declined for a short prefix";
+  }
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.shared_prefix > 0 && c.sinks; }));
+  EXPECT_TRUE(any([](const ConformanceCase& c) { return c.shared_prefix > 0 && is_quantized_kv_cache(c.kv_cache_dtype); }));
 }
 
 // Requests past the backends' split thresholds: CPU_ATTN splits requests of

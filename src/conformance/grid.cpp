@@ -50,6 +50,9 @@ std::vector<BatchSpec> make_batch_specs() {
       // Chunked local attention: prefills whose queries span chunk boundaries
       // (of 48, 64 and 128 tokens) beside decodes past the first chunk.
       {"chunk_edges", {{70, 130}, {1, 129}, {33, 96}, {1, 48}, {50, 200}}},
+      // Cascade: 8 requests (decodes, speculative steps, a short prefill)
+      // whose contexts all hold at least 256 tokens, for a shared prefix.
+      {"shared_prefix", {{1, 300}, {1, 412}, {3, 290}, {1, 520}, {9, 280}, {1, 357}, {2, 333}, {1, 270}}},
       // Encoder / encoder-only: every request is a whole sequence.
       {"encoder_small", {{17, 17}, {40, 40}, {1, 1}}},
       {"encoder_long", {{100, 100}, {37, 37}}},
@@ -102,6 +105,7 @@ std::string feature_id(const ConformanceCase& c) {
   if (!c.causal && c.attn_type == AttentionType::Decoder) s += ",noncausal";
   if (c.sliding_window) s += fmt::format(",win={}", *c.sliding_window);
   if (c.attention_chunk_size) s += fmt::format(",chunk={}", *c.attention_chunk_size);
+  if (c.shared_prefix > 0) s += fmt::format(",prefix={}", c.shared_prefix);
   if (c.soft_cap) s += fmt::format(",cap={}", *c.soft_cap);
   if (c.scale) s += fmt::format(",scale={}", *c.scale);
   if (c.alibi) s += ",alibi";
@@ -145,7 +149,8 @@ constexpr std::array<Shape, 9> kFeatureShapes{{{8, 2, 64},
                                                {4, 4, 96}}};
 constexpr int kBasePasses = 3;
 constexpr int kWindow = 64;
-constexpr int kMinChunk = 48;  // chunked local attention: a chunk under the long batches' contexts
+constexpr int kMinChunk = 48;
+constexpr int kCascadePrefix = 256;  // kCascadeMinPrefixTokens: the least a cascade is planned for  // chunked local attention: a chunk under the long batches' contexts
 constexpr float kSoftCap = 30.0f;
 // With unit-variance q and k, scores have standard deviation scale * sqrt(D):
 // 2.0 puts them at 16..32 for head sizes 64..256, where a cap of 30 bites.
@@ -241,6 +246,40 @@ void feature_sweep(GridBuilder& g, std::size_t salt, Apply apply, const Batches&
           g.add_rotating(c, batches, b + static_cast<std::size_t>(variant));
           ++n;
         }
+      }
+    }
+  }
+}
+
+// Cascade: a 256-token shared prefix (and 128 below the heuristic's 256,
+// where no cascade may be planned) over dtypes x layouts x block sizes, plain,
+// with soft cap or over fp8 (cascades), and with a window, ALiBi or sinks
+// (the builder must decline them).
+void cascade_sweep(GridBuilder& g) {
+  constexpr std::array kPrefixBlockSizes{1, 16, 32, 128};
+  std::size_t n = 0;
+  for (const DType dt : kDTypes) {
+    for (const KVCacheLayout layout : kLayouts) {
+      for (int variant = 0; variant < 6; ++variant) {
+        ConformanceCase c = with_shape(kFeatureShapes[n % kFeatureShapes.size()],
+                                       kPrefixBlockSizes[n % kPrefixBlockSizes.size()]);
+        c.dtype = dt;
+        c.layout = layout;
+        c.shared_prefix = variant == 5 ? 128 : kCascadePrefix;
+        c.want_lse = n % 2 == 0;
+        c.strided_qkv = n % 3 == 1;
+        if (variant == 1) {
+          c.soft_cap = kSoftCap;
+          c.scale = kSoftCapScale;
+        }
+        if (variant == 2) c.kv_cache_dtype = dt == DType::F32 ? CacheDType::Auto : CacheDType::Fp8E4M3;
+        if (variant == 3) c.sliding_window = kWindow;
+        if (variant == 4) {
+          c.alibi = layout == KVCacheLayout::NHD;
+          c.sinks = layout == KVCacheLayout::HND;
+        }
+        g.add_rotating(c, std::array{"shared_prefix"}, 0);
+        ++n;
       }
     }
   }
@@ -561,6 +600,7 @@ std::vector<ConformanceCase> conformance_grid() {
     c.alibi = true;
     c.sinks = true;
   }, kChunkBatches);
+  cascade_sweep(g);
   fp8_sweep(g);
   io_sweep(g);
   encoder_sweep(g);

@@ -3,6 +3,7 @@
 // on one ConformanceCase and checks what docs/testing.md lists: poisoned outputs,
 // guard rows, padded rows, untouched cache outside the written slots, LSE,
 // tolerance against the dense oracle, and bitwise determinism.
+#include <pagedattn/cascade.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
@@ -90,7 +91,7 @@ class CaseRun {
   Rng rng_;
   AttentionImplParams params_;
   std::unique_ptr<AttentionImpl> impl_;
-  std::unique_ptr<AttentionMetadataBuilder> builder_;
+  std::unique_ptr<CascadeBuilder> builder_;
   LayerQuantState layer_;
   std::vector<float> k_scale_;
   std::vector<float> v_scale_;
@@ -128,15 +129,21 @@ std::int64_t CaseRun::assign_pages(const std::vector<int>& kv_lens) {
   // Block 0 is the null block; the rest are handed out in a random order and
   // about a quarter are left spare.
   std::int64_t needed = 0;
-  for (const int len : kv_lens) needed += (len + c_.block_size - 1) / c_.block_size;
+  for (const int len : kv_lens) needed += (len + c_.block_size - 1) / c_.block_size - c_.shared_prefix / c_.block_size;
+  needed += c_.shared_prefix / c_.block_size;
   const std::int64_t num_blocks = 1 + needed + std::max<std::int64_t>(2, needed / 4);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(num_blocks - 1));
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i + 1);
   for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng_.below(i)]);
   auto next = ids.begin();
+  // A shared prefix's blocks are handed out once, at the head of every table.
+  const auto shared = static_cast<std::ptrdiff_t>(c_.shared_prefix / c_.block_size);
+  const std::vector<std::int32_t> prefix(next, next + shared);
+  next += shared;
   for (const int len : kv_lens) {
-    const auto count = static_cast<std::ptrdiff_t>((len + c_.block_size - 1) / c_.block_size);
-    blocks_.emplace_back(next, next + count);
+    const auto count = static_cast<std::ptrdiff_t>((len + c_.block_size - 1) / c_.block_size) - shared;
+    blocks_.emplace_back(prefix);
+    blocks_.back().insert(blocks_.back().end(), next, next + count);
     next += count;
   }
   return num_blocks;
@@ -325,6 +332,12 @@ std::optional<std::string> CaseRun::prepare_and_run(Step& step, bool first_step)
   step.metadata = c_.attention_chunk_size
                       ? builder_->build(make_local_attention_virtual_batches(step.common, *c_.attention_chunk_size))
                       : builder_->build(step.common);
+  // The batch has 8 requests: the prefix's length and the layer decide.
+  const bool want_cascade = cascade_applies(params_) && c_.shared_prefix >= kCascadeMinPrefixTokens;
+  if (c_.shared_prefix > 0 && builder_->last_used_cascade() != want_cascade) {
+    return fmt::format("{}: the shared-prefix step was {}planned as a cascade, expected {}", step.name,
+                       builder_->last_used_cascade() ? "" : "not ", want_cascade ? "one" : "none");
+  }
   return forward_and_check(step);
 }
 
@@ -343,7 +356,7 @@ std::optional<std::string> CaseRun::forward_and_check(Step& step) {
   for (int run = 0; run < runs; ++run) {
     fill_tensor_bits(out.storage, poison_bits(c_.dtype));
     if (want_lse_) fill_tensor_bits(lse.storage, poison_bits(DType::F32));
-    impl_->forward(layer_, step.query.views[0], key, value, cache, *step.metadata, out.view, lse.view);
+    planned_forward(*impl_, layer_, step.query.views[0], key, value, cache, *step.metadata, out.view, lse.view);
     if (run == 0) {
       first_out = to_byte_vector(out.storage);
       XXH3_64bits_update(&digest_, first_out.data(), first_out.size());
@@ -380,6 +393,12 @@ CaseResult CaseRun::run() {
     kv_lens_.push_back(s);
     keys_.push_back(random_rows(rng_, static_cast<std::size_t>(s) * kv_row, c_.dtype));
     values_.push_back(random_rows(rng_, static_cast<std::size_t>(s) * kv_row, c_.dtype));
+  }
+  // A shared prefix holds the same tokens in every request.
+  const auto prefix_elems = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(c_.shared_prefix) * kv_row);
+  for (std::size_t r = 1; r < reqs.size() && prefix_elems > 0; ++r) {
+    std::copy(keys_[0].begin(), keys_[0].begin() + prefix_elems, keys_[r].begin());
+    std::copy(values_[0].begin(), values_[0].begin() + prefix_elems, values_[r].begin());
   }
   read_keys_.resize(reqs.size());
   read_values_.resize(reqs.size());
@@ -424,7 +443,10 @@ CaseResult CaseRun::run() {
   builder_params.num_heads = c_.num_heads;
   builder_params.device = device_;
   builder_params.layer_names = {std::string(kLayerName)};
-  builder_ = backend_.make_builder(builder_params);
+  // As the layers' builder: cascades allowed where the layer allows them (a
+  // CascadeBuilder that never cascades is the backend's builder).
+  builder_ = std::make_unique<CascadeBuilder>(backend_, builder_params, c_.dtype,
+                                              c_.shared_prefix > 0 && cascade_applies(params_));
   if (reads_paged_cache(c_.attn_type)) cache_.emplace(backend_, c_, num_blocks, device_);
   if (c_.attn_type == AttentionType::Decoder) write_context();
 

@@ -131,6 +131,12 @@ Parts parts_for(const CascadeMetadata& md, std::int64_t heads) {
           md.suffix_lse.slice(0, 0, heads)};
 }
 
+// A cascade for a layer it cannot be right for is refused, not run.
+void check_cascade_layer(const AttentionImpl& impl) {
+  check_arg(cascade_applies(impl.params()), "Attention.forward", "metadata",
+            "a plain plan (a cascade needs no window, ALiBi, sinks or chunking)", "a cascade plan");
+}
+
 }  // namespace
 
 void check_planned_forward(const AttentionImpl& impl, const LayerQuantState& layer, const TensorView& query,
@@ -141,8 +147,7 @@ void check_planned_forward(const AttentionImpl& impl, const LayerQuantState& lay
     impl.check_forward(layer, query, key, value, kv_cache, metadata, output, lse);
     return;
   }
-  check_arg(cascade_applies(impl.params()), "Attention.forward", "metadata",
-            "a plain plan (a cascade needs no window, ALiBi, sinks or chunking)", "a cascade plan");
+  check_cascade_layer(impl);
   const Parts p = parts_for(*cascade, impl.params().num_heads);
   impl.check_forward(layer, query, key, value, kv_cache, *cascade->prefix, p.prefix_out, p.prefix_lse);
   impl.check_forward(layer, query, key, value, kv_cache, *cascade->suffix, p.suffix_out, p.suffix_lse);
@@ -160,6 +165,7 @@ void planned_forward(AttentionImpl& impl, const LayerQuantState& layer, const Te
     impl.forward(layer, query, key, value, kv_cache, metadata, output, lse);
     return;
   }
+  check_cascade_layer(impl);
   const Parts p = parts_for(*cascade, impl.params().num_heads);
   impl.forward(layer, query, key, value, kv_cache, *cascade->prefix, p.prefix_out, p.prefix_lse);
   impl.forward(layer, query, key, value, kv_cache, *cascade->suffix, p.suffix_out, p.suffix_lse);

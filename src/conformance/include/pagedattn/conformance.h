@@ -112,6 +112,12 @@ struct ConformanceCase {
   KVCacheLayout layout = KVCacheLayout::NHD;
   std::optional<int> sliding_window;
   std::optional<int> attention_chunk_size;  // decoder only; a multiple of block_size
+  // Cascade: every request's first shared_prefix tokens are the same blocks
+  // (same keys and values), and the step is planned by a CascadeBuilder,
+  // which must plan a cascade exactly when the layer allows one
+  // (cascade_applies) and the prefix is long enough (cascade_pays). A
+  // multiple of block_size, at most every context.
+  int shared_prefix = 0;
   std::optional<float> soft_cap;
   std::optional<float> scale;  // default head_size^-0.5
   bool alibi = false;          // standard slopes
