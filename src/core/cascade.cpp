@@ -98,7 +98,7 @@ CascadeBuilder::CascadeBuilder(const AttentionBackend& backend, BuilderParams pa
 
 std::shared_ptr<const BackendMetadata> CascadeBuilder::build(const CommonAttentionMetadata& common) {
   last_used_cascade_ = false;
-  const int blocks = allow_ ? common_prefix_blocks(common) : 0;
+  const int blocks = allow_ && backend_.supports_cascade() ? common_prefix_blocks(common) : 0;
   if (blocks == 0 || !cascade_pays(common, blocks)) return plain_->build(common);
   auto md = std::make_shared<CascadeMetadata>();
   adopt_step("CascadeBuilder::build", common, *md);

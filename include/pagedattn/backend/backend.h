@@ -168,6 +168,10 @@ class AttentionBackend {
   // (make_local_attention_virtual_batches): any backend whose kernels depend
   // only on positions relative to the request's keys runs it as it is.
   virtual bool supports_chunked_local_attention() const { return true; }
+  // Cascade attention (cascade.h) runs on a backend's ordinary plans and
+  // forwards (a non-causal prefix pass, a suffix pass) and merge_attn_states:
+  // any backend with non-causal decoder attention and LSE output has it.
+  bool supports_cascade() const { return supports_non_causal() && can_return_lse(); }
   // Query tokens per request of a cascade's prefix pass (cascade.h); 0 = as
   // many as the prefix has keys. A backend whose short-query kernel splits
   // keys across the device asks for that many, so that the pass, one long
