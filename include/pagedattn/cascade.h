@@ -52,7 +52,9 @@ CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blo
 
 // A cascade's plan: `common` and `facts` are the whole step's (what the
 // layer checks its tensors against); the parts' plans come from the same
-// builder; the buffers hold the partial results for the largest layer.
+// builder; the buffers hold one layer's partial results for the largest
+// layer. They are scratch within one forward (written, then merged), views
+// of the builder's storage that its later steps reuse.
 struct CascadeMetadata final : BackendMetadata {
   std::shared_ptr<const BackendMetadata> prefix;
   std::shared_ptr<const BackendMetadata> suffix;
@@ -85,6 +87,11 @@ class CascadeBuilder final : public AttentionMetadataBuilder {
   std::unique_ptr<AttentionMetadataBuilder> prefix_;
   std::unique_ptr<AttentionMetadataBuilder> suffix_;
   bool last_used_cascade_ = false;
+  // The partial results' storage, grown only: a cascade step allocates (and,
+  // on CUDA, frees, which synchronizes the device) nothing once it fits.
+  Tensor out_storage_;  // [2 * capacity * num_heads * head_size], the model dtype
+  Tensor lse_storage_;  // [2 * num_heads * capacity] f32
+  std::int64_t capacity_ = 0;  // token rows
 };
 
 // A layer's check and forward over a plan from a CascadeBuilder: the impl's

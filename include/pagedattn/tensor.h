@@ -113,6 +113,9 @@ void register_device_allocator(DeviceType type, DeviceAllocator* allocator);
 DeviceAllocator& device_allocator(DeviceType type);
 // Nullptr when the device type has no registered allocator (not built, or no device).
 DeviceAllocator* find_device_allocator(DeviceType type);
+// The device's compute capability; {0, 0} without an allocator for its type
+// (the CPU, or a build without CUDA).
+DeviceCapability device_capability(Device device);
 // Every device with a registered allocator: the CPU first, then CUDA devices.
 std::vector<Device> available_devices();
 

@@ -21,6 +21,12 @@ def _short(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def dtype_arg(dtype) -> str:
+    """The library's name of a framework dtype (torch.bfloat16, np.float32),
+    or `dtype` itself when it already is a name ("bf16")."""
+    return _DTYPE_NAMES.get(_short(dtype), str(dtype))
+
+
 def dtype_name(x) -> str:
     """The library's name of x's element type ("bf16", "fp8_e4m3", ...)."""
     name = _short(x.dtype)

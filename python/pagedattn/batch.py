@@ -1,9 +1,7 @@
 """FlashInfer-style plan/run over pagedattn's backends."""
 
 from pagedattn import _pagedattn
-from pagedattn._arrays import direct, stream_of, view
-
-_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+from pagedattn._arrays import direct, dtype_arg, dtype_name, empty_like, stream_of, view
 
 
 def _host_i32(x, name):
@@ -34,7 +32,7 @@ class BatchAttention:
                  block_size=16, device="cpu", causal=True, sliding_window=None, logits_soft_cap=None,
                  alibi_slopes=None, sinks=None, attention_chunk_size=None, batch_invariant=False, cascade=True, backend=None,
                  max_num_reqs=0, max_num_tokens=0, max_blocks_per_req=0):
-        dtype = _TORCH_DTYPES.get(str(dtype), str(dtype))
+        dtype = dtype_arg(dtype)
         self._device = str(device)
         self._impl = _pagedattn.BatchAttention(
             num_heads, head_size, num_kv_heads=num_kv_heads, scale=scale, dtype=dtype,
@@ -80,7 +78,7 @@ class BatchAttention:
         else:
             key_cache, value_cache = kv_cache[0], kv_cache[1]
         if out is None:
-            out = q.new_empty(q.shape) if hasattr(q, "new_empty") else _numpy_like(q)
+            out = empty_like(q, tuple(q.shape), dtype_name(q))
         if direct(q):
             # The decode fast path: tensors the module reads through the C exchange API, stream included.
             self._impl.run(q, k, v, key_cache, value_cache, out, lse, k_scale, v_scale)
@@ -88,8 +86,3 @@ class BatchAttention:
             self._impl.run(view(q), view(k), view(v), view(key_cache), view(value_cache), view(out), lse,
                            view(k_scale), view(v_scale), stream_of(q))
         return out
-
-def _numpy_like(q):
-    import numpy as np
-
-    return np.empty_like(q)

@@ -101,21 +101,9 @@ TensorView from_dltensor(void* data, dl::dtype dtype, std::int32_t device_type, 
   if (ndim == 0) return TensorView(data, *t, *device, Dims{1}, Dims{1});
   check_arg(ndim > 0 && ndim <= kMaxTensorDims, where, fmt::format("{} rank", name), fmt::format("<= {}", kMaxTensorDims),
             ndim);
-  Dims dims;
-  Dims steps;
-  for (int d = 0; d < ndim; ++d) dims.push_back(shape[d]);
-  if (strides != nullptr) {
-    for (int d = 0; d < ndim; ++d) steps.push_back(strides[d]);
-  } else {
-    std::int64_t step = 1;
-    Dims reversed;
-    for (int d = ndim - 1; d >= 0; --d) {
-      reversed.push_back(step);
-      step *= shape[d];
-    }
-    for (int d = ndim - 1; d >= 0; --d) steps.push_back(reversed[d]);
-  }
-  return TensorView(data, *t, *device, dims, steps);
+  const Dims dims(std::span<const std::int64_t>(shape, static_cast<std::size_t>(ndim)));
+  if (strides == nullptr) return TensorView(data, *t, *device, dims);  // row-major
+  return TensorView(data, *t, *device, dims, Dims(std::span<const std::int64_t>(strides, static_cast<std::size_t>(ndim))));
 }
 
 }  // namespace

@@ -82,8 +82,7 @@ std::optional<std::string> skip_reason(const AttentionBackend& backend, const Co
   cfg.attn_type = c.attn_type;
   cfg.use_non_causal = c.attn_type == AttentionType::Decoder && !c.causal;
   cfg.device = device;
-  if (const DeviceAllocator* alloc = find_device_allocator(device.type))
-    cfg.capability = alloc->capability(device);
+  cfg.capability = device_capability(device);
   std::vector<std::string> reasons = backend.validate_configuration(cfg);
   if (backend.device_type() != device.type) {
     reasons.push_back(

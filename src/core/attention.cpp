@@ -142,11 +142,6 @@ TensorView as_heads(const TensorView& t, std::string_view where, std::string_vie
   return t;
 }
 
-DeviceCapability capability_of(Device device) {
-  const DeviceAllocator* allocator = find_device_allocator(device.type);
-  return allocator != nullptr ? allocator->capability(device) : DeviceCapability{};
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- ModelContext
@@ -258,7 +253,7 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
   selector.use_non_causal = options.use_non_causal;
   selector.use_batch_invariant = model.batch_invariant();
   selector.device = device_;
-  selector.capability = capability_of(device_);
+  selector.capability = device_capability(device_);
   backend_ = &choose_backend(where, selector, options.attn_backend, model.requested_backend());
   // An unset block size follows the backend (vLLM's update_block_size_for_backend).
   block_size_ = cache.block_size.value_or(backend_->preferred_block_size(kDefaultBlockSize));

@@ -15,11 +15,6 @@ constexpr std::string_view kPlanWhere = "BatchAttention::plan";
 constexpr std::string_view kRunWhere = "BatchAttention::run";
 constexpr float kUnitScale = 1.0f;
 
-DeviceCapability capability_of(Device device) {
-  const DeviceAllocator* allocator = find_device_allocator(device.type);
-  return allocator != nullptr ? allocator->capability(device) : DeviceCapability{};
-}
-
 void check_options(const BatchAttentionOptions& o) {
   check_arg(o.num_heads > 0, kWhere, "num_heads", "> 0", o.num_heads);
   check_arg(o.head_size > 0, kWhere, "head_size", "> 0", o.head_size);
@@ -80,7 +75,7 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
   cfg.use_non_causal = !options_.causal;
   cfg.use_batch_invariant = options_.batch_invariant;
   cfg.device = options_.device;
-  cfg.capability = capability_of(options_.device);
+  cfg.capability = device_capability(options_.device);
   // An empty request would let PAGEDATTN_BACKEND choose; "auto" asks the selector.
   backend_ = &select_backend(cfg, options_.backend.empty() ? std::string_view("auto") : options_.backend);
 
@@ -246,11 +241,14 @@ void BatchAttention::run(const TensorView& query, const TensorView& key, const T
             key.defined() ? "only key" : "only value");
   check_arg(k_scale.defined() == v_scale.defined(), kRunWhere, "k_scale and v_scale", "both given or both undefined",
             k_scale.defined() ? "only k_scale" : "only v_scale");
-  LayerQuantState quant = unit_scales_;
+  // The unit scales unless the call brings its own (no copy per decode call).
+  LayerQuantState given;
   if (k_scale.defined()) {
-    quant.k_scale = Tensor(Tensor{}, k_scale);
-    quant.v_scale = Tensor(Tensor{}, v_scale);
+    given = unit_scales_;
+    given.k_scale = Tensor(Tensor{}, k_scale);
+    given.v_scale = Tensor(Tensor{}, v_scale);
   }
+  const LayerQuantState& quant = k_scale.defined() ? given : unit_scales_;
   const BackendMetadata& md = *metadata_;
   if (key.defined()) {
     check_rank(key, kRunWhere, "key", 3);

@@ -108,11 +108,21 @@ std::shared_ptr<const BackendMetadata> CascadeBuilder::build(const CommonAttenti
   md->prefix = prefix_->build(split.prefix);
   md->suffix = suffix_->build(split.suffix);
   const std::int64_t rows = std::max(common.num_actual_tokens, 1);
-  const Dims out_shape{rows, params_.num_heads, params_.head_size};
-  md->prefix_out = Tensor::empty(out_shape, dtype_, params_.device);
-  md->suffix_out = Tensor::empty(out_shape, dtype_, params_.device);
-  md->prefix_lse = Tensor::empty({params_.num_heads, rows}, DType::F32, params_.device);
-  md->suffix_lse = Tensor::empty({params_.num_heads, rows}, DType::F32, params_.device);
+  const std::int64_t heads = params_.num_heads;
+  const std::int64_t out_elems = rows * heads * params_.head_size;
+  if (rows > capacity_) {
+    capacity_ = std::max(rows, 2 * capacity_);
+    out_storage_ = Tensor::empty({2 * capacity_ * heads * params_.head_size}, dtype_, params_.device);
+    lse_storage_ = Tensor::empty({2 * heads * capacity_}, DType::F32, params_.device);
+  }
+  // Contiguous views of the storage's first elements, one pair per part.
+  const auto part = [](const Tensor& storage, std::int64_t index, std::int64_t elems, Dims shape) {
+    return storage.slice(0, index * elems, (index + 1) * elems).view(shape);
+  };
+  md->prefix_out = part(out_storage_, 0, out_elems, {rows, heads, params_.head_size});
+  md->suffix_out = part(out_storage_, 1, out_elems, {rows, heads, params_.head_size});
+  md->prefix_lse = part(lse_storage_, 0, heads * rows, {heads, rows});
+  md->suffix_lse = part(lse_storage_, 1, heads * rows, {heads, rows});
   md->prefix_len = blocks * common.block_size;
   last_used_cascade_ = true;
   return md;

@@ -413,6 +413,11 @@ DeviceAllocator* find_device_allocator(DeviceType type) {
   return allocator_registry()[type_slot(type)].load();
 }
 
+DeviceCapability device_capability(Device device) {
+  const DeviceAllocator* allocator = find_device_allocator(device.type);
+  return allocator != nullptr ? allocator->capability(device) : DeviceCapability{};
+}
+
 DeviceAllocator& device_allocator(DeviceType type) {
   DeviceAllocator* a = find_device_allocator(type);
   if (a == nullptr) {

@@ -52,9 +52,7 @@ int run_select(const SelectOptions& o) {
     if (!device) throw_invalid("select", "--device", "cpu or cuda[:N]", o.device);
     cfg.device = *device;
   }
-  if (DeviceAllocator* alloc = find_device_allocator(cfg.device.type); alloc && cfg.device.is_cuda()) {
-    cfg.capability = alloc->capability(cfg.device);
-  }
+  cfg.capability = device_capability(cfg.device);
 
   const SelectionReport report = explain_selection(cfg, o.backend);
   fmt::print("config: {}\n", cfg.str());
