@@ -6,10 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "testing/expect_error.h"
+#include "testing/normal_tensors.h"
 
 namespace pagedattn {
 namespace {
@@ -34,15 +34,6 @@ BatchAttentionOptions options(std::string backend) {
   return o;
 }
 
-Tensor random_tensor(Dims shape, std::mt19937& rng) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  std::normal_distribution<float> dist;
-  std::vector<float> values(static_cast<std::size_t>(n));
-  for (float& v : values) v = dist(rng);
-  return Tensor::from_floats(values, shape, DType::F32);
-}
-
 // Two requests: a 3-token prefill after 5 cached tokens and a 1-token decode after 8.
 const std::vector<std::int32_t> kQueryStartLoc{0, 3, 4};
 const std::vector<std::int32_t> kSeqLens{8, 9};
@@ -56,12 +47,12 @@ struct StepResult {
 };
 
 StepResult run_step(const std::string& backend, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  Tensor key_cache = random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
-  Tensor value_cache = random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
-  const Tensor q = random_tensor({kTokens, kHeads, kHeadSize}, rng);
-  const Tensor k = random_tensor({kTokens, kKvHeads, kHeadSize}, rng);
-  const Tensor v = random_tensor({kTokens, kKvHeads, kHeadSize}, rng);
+  test::NormalTensors random(seed);
+  Tensor key_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
+  Tensor value_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
+  const Tensor q = random({kTokens, kHeads, kHeadSize}, DType::F32);
+  const Tensor k = random({kTokens, kKvHeads, kHeadSize}, DType::F32);
+  const Tensor v = random({kTokens, kKvHeads, kHeadSize}, DType::F32);
   Tensor out = Tensor::zeros({kTokens, kHeads, kHeadSize}, DType::F32);
   BatchAttention attn(options(backend));
   attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride);
@@ -77,11 +68,11 @@ TEST(BatchAttentionTest, CpuAttnMatchesReferenceAndWritesTheStepsKeysAtThePlansS
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], kTolerance) << i;
   // Token 0 of request 0 sits at position 5: block 2 (row entry 1), offset 1.
-  std::mt19937 rng(3);
-  random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
-  random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, rng);
-  random_tensor({kTokens, kHeads, kHeadSize}, rng);
-  const Tensor k = random_tensor({kTokens, kKvHeads, kHeadSize}, rng);
+  test::NormalTensors random(3);  // the step's stream again, up to its keys
+  random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
+  random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
+  random({kTokens, kHeads, kHeadSize}, DType::F32);
+  const Tensor k = random({kTokens, kKvHeads, kHeadSize}, DType::F32);
   EXPECT_EQ(to_float_vector(cpu.key_cache.select(0, 2).select(0, 1)), to_float_vector(k.select(0, 0)));
   // The decode token (position 8) lands in block 11 (row entry 2), offset 0.
   EXPECT_EQ(to_float_vector(cpu.key_cache.select(0, 11).select(0, 0)), to_float_vector(k.select(0, 3)));

@@ -6,10 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include <random>
 #include <vector>
 
 #include "testing/expect_error.h"
+#include "testing/normal_tensors.h"
 
 namespace pagedattn {
 namespace {
@@ -64,15 +64,8 @@ struct Result {
 };
 
 Result run(const std::string& backend, bool cascade, DType dtype) {
-  std::mt19937 rng(21);
-  std::normal_distribution<float> dist;
-  const auto random = [&](Dims shape) {
-    std::int64_t n = 1;
-    for (std::int64_t d : shape) n *= d;
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (float& x : v) x = dist(rng);
-    return Tensor::from_floats(v, shape, dtype);
-  };
+  test::NormalTensors normal(21);
+  const auto random = [&](Dims shape) { return normal(shape, dtype); };
   const std::int64_t num_blocks = kPrefixBlocks + kRequests * kPrivateBlocks;
   const Tensor kc = random({num_blocks, kBlock, kKvHeads, kHeadSize});
   const Tensor vc = random({num_blocks, kBlock, kKvHeads, kHeadSize});

@@ -1,5 +1,5 @@
-// Test helper shared by the test files: bf16 tensors of standard-normal
-// values from one seeded stream (each call continues it).
+// Test helper shared by the test files: tensors (bf16 unless asked) of
+// standard-normal values from one seeded stream (each call continues it).
 #pragma once
 
 #include <pagedattn/tensor.h>
@@ -14,12 +14,12 @@ class NormalTensors {
  public:
   explicit NormalTensors(unsigned seed) : rng_(seed) {}
 
-  Tensor operator()(const Dims& shape) {
+  Tensor operator()(const Dims& shape, DType dtype = DType::BF16) {
     std::int64_t n = 1;
     for (const std::int64_t extent : shape) n *= extent;
     std::vector<float> v(static_cast<std::size_t>(n));
     for (float& x : v) x = dist_(rng_);
-    return Tensor::from_floats(v, shape, DType::BF16);
+    return Tensor::from_floats(v, shape, dtype);
   }
 
  private:

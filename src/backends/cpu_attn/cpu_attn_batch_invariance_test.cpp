@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu_attn/cpu_attn_plan.h"
+#include "testing/normal_tensors.h"
 
 namespace pagedattn {
 namespace {
@@ -29,21 +30,12 @@ struct Request {
   int seq_len;
 };
 
-Tensor random_tensor(Dims shape, DType dtype, std::mt19937& rng) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  std::normal_distribution<float> dist;
-  std::vector<float> values(static_cast<std::size_t>(n));
-  for (float& v : values) v = dist(rng);
-  return Tensor::from_floats(values, shape, dtype);
-}
-
 class CpuAttnBatchInvarianceTest : public ::testing::TestWithParam<std::tuple<DType, Request>> {};
 
 // Runs `target` at position `place` among `others`; returns its output and LSE bytes.
 std::vector<std::uint8_t> run_target(BatchAttention& attn, const KVCacheView& cache, const Tensor& target_q,
                                      Request target, const std::vector<Request>& others, std::size_t place,
-                                     DType dtype, std::mt19937& rng) {
+                                     DType dtype, test::NormalTensors& random) {
   std::vector<Request> batch = others;
   batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(place), target);
   std::vector<std::int32_t> qsl{0};
@@ -58,7 +50,7 @@ std::vector<std::uint8_t> run_target(BatchAttention& attn, const KVCacheView& ca
   }
   const int tokens = qsl.back();
   const int target_row = qsl[place];
-  Tensor q = random_tensor({tokens, kHeads, kHeadSize}, dtype, rng);
+  Tensor q = random({tokens, kHeads, kHeadSize}, dtype);
   copy_tensor(q.slice(0, target_row, target_row + target.query_len), target_q);
   Tensor out = Tensor::zeros({tokens, kHeads, kHeadSize}, dtype);
   Tensor lse = Tensor::zeros({kHeads, tokens}, DType::F32);
@@ -72,9 +64,10 @@ std::vector<std::uint8_t> run_target(BatchAttention& attn, const KVCacheView& ca
 
 TEST_P(CpuAttnBatchInvarianceTest, ARequestIsTheSameBitsAloneAndInAnyBatch) {
   const auto [dtype, target] = GetParam();
-  std::mt19937 rng(7);
-  const Tensor key_cache = random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, dtype, rng);
-  const Tensor value_cache = random_tensor({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, dtype, rng);
+  std::mt19937 rng(7);  // the other requests' lengths
+  test::NormalTensors random(7);
+  const Tensor key_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, dtype);
+  const Tensor value_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, dtype);
   const KVCacheView cache{key_cache, value_cache};
   BatchAttentionOptions options;
   options.num_heads = kHeads;
@@ -85,9 +78,9 @@ TEST_P(CpuAttnBatchInvarianceTest, ARequestIsTheSameBitsAloneAndInAnyBatch) {
   options.batch_invariant = true;
   BatchAttention attn(options);
   ASSERT_EQ(attn.backend().name(), "CPU_ATTN");
-  const Tensor target_q = random_tensor({target.query_len, kHeads, kHeadSize}, dtype, rng);
+  const Tensor target_q = random({target.query_len, kHeads, kHeadSize}, dtype);
 
-  const std::vector<std::uint8_t> alone = run_target(attn, cache, target_q, target, {}, 0, dtype, rng);
+  const std::vector<std::uint8_t> alone = run_target(attn, cache, target_q, target, {}, 0, dtype, random);
   std::uniform_int_distribution<int> keys(1, kMaxKeys);
   const std::vector<int> query_lens{1, 1, 1, 3, cpu_attn::kSplitMaxQueryTokens, 20, 70};
   for (const int count : {2, 17, kMaxOthers}) {
@@ -97,7 +90,7 @@ TEST_P(CpuAttnBatchInvarianceTest, ARequestIsTheSameBitsAloneAndInAnyBatch) {
       others.push_back({std::min(seq, query_lens[static_cast<std::size_t>(i) % query_lens.size()]), seq});
     }
     for (const std::size_t place : {std::size_t{0}, static_cast<std::size_t>(count / 2), static_cast<std::size_t>(count)}) {
-      EXPECT_EQ(run_target(attn, cache, target_q, target, others, place, dtype, rng), alone)
+      EXPECT_EQ(run_target(attn, cache, target_q, target, others, place, dtype, random), alone)
           << "with " << count << " other requests, at position " << place;
     }
   }
