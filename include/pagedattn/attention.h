@@ -244,7 +244,8 @@ class ModelMetadataBuilder {
   // `layer_names` empty = every layer of the model, in registration order.
   // The layers must outlive the builder.
   // `cascade`: plan steps whose requests share a long prefix as cascades
-  // (cascade.h) for the groups whose layers allow it.
+  // (cascade.h) for the groups whose layers allow it (never for a
+  // batch-invariant model: a cascade depends on the other requests).
   explicit ModelMetadataBuilder(const ModelContext& model, std::vector<std::string> layer_names = {},
                                 bool cascade = true);
 

@@ -579,7 +579,9 @@ ModelMetadataBuilder::ModelMetadataBuilder(const ModelContext& model, std::vecto
     params.num_kv_heads = first.num_kv_heads();
     params.head_size = first.head_size();
     params.device = model.device();
-    bool allow = cascade;
+    params.batch_invariant = model.batch_invariant();
+    // A cascade plan depends on which requests share a prefix: never batch-invariant.
+    bool allow = cascade && !model.batch_invariant();
     for (const Attention* layer : group.layers) {
       params.layer_names.push_back(layer->layer_name());
       params.num_heads = std::max(params.num_heads, layer->num_heads());

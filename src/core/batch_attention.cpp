@@ -103,8 +103,10 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
   builder_ = std::make_unique<CascadeBuilder>(
       *backend_,
       BuilderParams{options_.block_size, options_.num_kv_heads, options_.head_size, options_.device, {},
-                    options_.num_heads},
-      options_.dtype, options_.cascade && !fixed && cascade_applies(impl_->params()));
+                    options_.num_heads, options_.batch_invariant},
+      // A cascade plan depends on which requests share a prefix: never batch-invariant.
+      options_.dtype,
+      options_.cascade && !options_.batch_invariant && !fixed && cascade_applies(impl_->params()));
   unit_scales_.q_scale = unit_scale(options_.device);
   unit_scales_.k_scale = unit_scale(options_.device);
   unit_scales_.v_scale = unit_scale(options_.device);

@@ -77,6 +77,10 @@ struct BuilderParams {
   Device device = Device::cpu();
   std::vector<std::string> layer_names;
   int num_heads = 0;  // the largest query-head count of the layers; 0 = unknown
+  // Plan every request's work from that request alone (splits, kernels), so
+  // its output does not depend on the rest of the batch; set only for
+  // backends whose supports_batch_invariance() holds.
+  bool batch_invariant = false;
 };
 
 class AttentionMetadataBuilder {

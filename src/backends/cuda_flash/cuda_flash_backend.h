@@ -29,6 +29,7 @@ class CudaFlashBackend : public AttentionBackend {
   bool supports_sink() const override { return true; }
   bool supports_per_head_quant_scales() const override { return true; }
   bool supports_non_causal() const override { return true; }
+  bool supports_batch_invariance() const override { return true; }
   bool supports_attn_type(AttentionType) const override { return true; }
   bool supports_compute_capability(DeviceCapability cap) const override {
     return cap.as_int() >= kCudaFlashMinCapability;

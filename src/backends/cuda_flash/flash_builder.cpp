@@ -96,7 +96,7 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     const int group = params_.num_heads > 0 ? params_.num_heads / params_.num_kv_heads : 1;
     const WorkList plan =
         make_work_list({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group,
-                   params_.head_size});
+                        params_.head_size, params_.batch_invariant});
 
     const TensorView& bt = common.block_table_cpu;
     const std::int64_t bt_rows = bt.defined() ? bt.size(0) : 0;
@@ -153,6 +153,8 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     metadata->decode_only = plan.decode_only;
     metadata->prefill_only = plan.prefill_only;
     metadata->sm_version = sm_version_;
+    metadata->num_sms = num_sms_;
+    metadata->batch_invariant = plan.batch_invariant;
     return metadata;
   }
 

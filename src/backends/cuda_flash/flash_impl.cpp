@@ -191,7 +191,7 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.partial_lse = plan->partial_lse;
   const bool kv_fp8 = k.kv_dtype == DType::FP8_E4M3 || k.kv_dtype == DType::FP8_E5M2;
   k.kernel = choose_kernel(head_size_class(p.head_size), kv_fp8, plan->decode_only, plan->prefill_only,
-                           plan->sm_version);
+                           plan->sm_version, plan->batch_invariant);
 
   cuda::DeviceGuard guard(device.index);
   const auto stream = static_cast<cudaStream_t>(cuda::current_stream());
@@ -202,6 +202,7 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   const bool capturing = capture != cudaStreamCaptureStatusNone;
   k.grid_items = std::max(plan->num_items, capturing ? 1 : 0);
   k.grid_combine = std::max(plan->num_combine, capturing ? 1 : 0);
+  k.num_sms = plan->num_sms;
 
   const int status = launch_flash_attention(k, p.dtype, k.grid_combine > 0, stream);
   if (status == kLaunchUnsupportedHeadSize || status == kLaunchUnsupportedDType) {

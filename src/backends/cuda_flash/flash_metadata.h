@@ -50,6 +50,8 @@ struct FlashMetadata final : BackendMetadata {
   bool decode_only = false;   // the plan has decode items only
   bool prefill_only = false;  // the plan has prefill items only
   int sm_version = 0;         // the device's compute capability, major * 10 + minor
+  int num_sms = 0;            // the device's multiprocessors (persistent kernels' grid)
+  bool batch_invariant = false;  // planned from each request alone (choose_kernel: the mixed kernel)
 };
 
 std::unique_ptr<AttentionMetadataBuilder> make_flash_builder(const BuilderParams& params);

@@ -47,8 +47,13 @@ int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_
   return std::clamp(std::min(by_fill, by_keys), 1, kMaxSplits);
 }
 
+int invariant_num_splits(int kv_len) {
+  return std::clamp(ceil_div(std::max(kv_len, 0), kInvariantSplitKeys), 1, kMaxSplits);
+}
+
 WorkList make_work_list(const PlanInputs& in) {
   WorkList plan;
+  plan.batch_invariant = in.batch_invariant;
   const auto num_reqs = static_cast<int>(in.seq_lens.size());
   struct Tile {
     int req, token_begin, num_tokens, position_begin, kv_len, mode;
@@ -87,6 +92,7 @@ WorkList make_work_list(const PlanInputs& in) {
   for (const Tile& t : tiles) {
     const int kv_len = std::max(t.kv_len, 0);
     int splits = choose_num_splits(base_ctas, kv_len, in.num_sms, ctas_per_sm);
+    if (in.batch_invariant) splits = t.mode == static_cast<int>(TileMode::Decode) ? invariant_num_splits(kv_len) : 1;
     // Tile-aligned chunks; the last split may be shorter.
     const int chunk = splits > 1 ? ceil_div(ceil_div(kv_len, splits), kBlockN) * kBlockN : kv_len;
     if (splits > 1) splits = ceil_div(kv_len, chunk);

@@ -28,6 +28,10 @@ inline constexpr double kMinWaveFillGain = 0.05;
 // Resident CTAs per multiprocessor the split heuristic aims to fill (mixed
 // kernels; decode-only steps aim at kDecodeOnlyCtasPerSm).
 inline constexpr int kTargetCtasPerSm = 2;
+// Batch-invariant plans split a decode item into chunks of this many keys
+// (more when kMaxSplits would be exceeded), whatever the batch; prefill items
+// are not split. A multiple of kBlockN.
+inline constexpr int kInvariantSplitKeys = 512;
 
 struct PlanInputs {
   std::span<const std::int32_t> query_start_loc;  // [B + 1]
@@ -36,6 +40,7 @@ struct PlanInputs {
   int num_sms = 0;
   int group = 1;  // query heads per KV head (the largest of the step's layers)
   int head_size = 0;  // 0 = unknown (plans as for the largest class)
+  bool batch_invariant = false;  // splits from each request alone (kInvariantSplitKeys)
 };
 
 // Query tokens per prefill item: kPrefillRows packed rows (the G query heads
@@ -49,6 +54,7 @@ struct WorkList {
   std::int64_t partial_token_rows = 0;
   bool decode_only = false;   // every item is a decode item (choose_kernel: the decode-only kernels)
   bool prefill_only = false;  // there are items and every one is a prefill item
+  bool batch_invariant = false;  // planned from each request alone; runs the mixed kernel
 };
 
 WorkList make_work_list(const PlanInputs& in);
@@ -56,6 +62,9 @@ WorkList make_work_list(const PlanInputs& in);
 // Split count of an item over `kv_len` keys when the batch has `base_ctas`
 // CTAs without splitting, on `num_sms` multiprocessors holding `ctas_per_sm`.
 int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_per_sm = kTargetCtasPerSm);
+
+// Split count of a batch-invariant plan's decode item over `kv_len` keys.
+int invariant_num_splits(int kv_len);
 
 // Byte offsets of the workspace regions (header, items, combine, block table,
 // partial outputs, partial LSEs), each aligned to kWorkspaceAlign.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -118,6 +119,35 @@ TEST(FlashPlannerTest, StepKindAndDeviceChooseTheKernel) {
   EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, false, kWgmmaSmVersion), KernelKind::Mixed);
   EXPECT_EQ(choose_kernel(kWgmmaClass, false, true, false, kWgmmaSmVersion), KernelKind::DecodeOnly);
   EXPECT_EQ(choose_kernel(256, false, true, false, kWgmmaSmVersion), KernelKind::Mixed);
+  // Batch-invariant plans: always the mixed kernel.
+  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, true, kWgmmaSmVersion, true), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(kWgmmaClass, false, true, false, kWgmmaSmVersion, true), KernelKind::Mixed);
+}
+
+// A batch-invariant plan gives a request the same items alone and in a
+// crowd: decode splits of kInvariantSplitKeys, prefill items unsplit.
+TEST(FlashPlannerTest, BatchInvariantPlansSplitByTheRequestAlone) {
+  const auto items_of = [](const WorkList& p, int req) {
+    std::vector<std::tuple<int, int, int, int>> v;  // (tokens, kv_begin, kv_end, splits)
+    for (const WorkItem& w : p.items) {
+      if (w.req == req) v.emplace_back(w.num_tokens, w.kv_begin, w.kv_end, w.num_splits);
+    }
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  const auto invariant = [](const Batch& b) {
+    return make_work_list({b.query_start_loc, b.seq_lens, 8, kH200Sms, 4, 128, true});
+  };
+  const WorkList alone = invariant(Batch().add(1, 5000).add(300, 9000));
+  const WorkList crowd = invariant(Batch().add(1, 5000).add(300, 9000).add(1, 700, 500));
+  EXPECT_TRUE(alone.batch_invariant);
+  for (const int req : {0, 1}) EXPECT_EQ(items_of(alone, req), items_of(crowd, req)) << "request " << req;
+  EXPECT_EQ(invariant_num_splits(5000), 10);
+  EXPECT_EQ(std::get<3>(items_of(alone, 0).front()), invariant_num_splits(5000));
+  for (const auto& item : items_of(alone, 1)) EXPECT_EQ(std::get<3>(item), 1);
+  EXPECT_EQ(invariant_num_splits(1), 1);
+  EXPECT_EQ(invariant_num_splits(1 << 30), kMaxSplits);
+  expect_exact_cover(alone, Batch().add(1, 5000).add(300, 9000));
 }
 
 TEST(FlashPlannerTest, SplitsKeepAMinimumLength) {

@@ -40,9 +40,12 @@ enum class KernelKind : std::int32_t {
 
 // The one predicate for "which kernel runs this step": the plan's item modes
 // (all decode / all prefill), the head-size class, the cache storage and the
-// device's compute capability (major * 10 + minor).
+// device's compute capability (major * 10 + minor). A batch-invariant plan
+// always runs the mixed kernel: the others tile differently, so a request's
+// bits would depend on what else its step holds.
 constexpr KernelKind choose_kernel(int head_class, bool kv_fp8, bool decode_only, bool prefill_only,
-                                   int sm_version) {
+                                   int sm_version, bool batch_invariant = false) {
+  if (batch_invariant) return KernelKind::Mixed;
   if (decode_only && has_decode_only_kernel(head_class)) return KernelKind::DecodeOnly;
   if (prefill_only && !kv_fp8 && head_class == kWgmmaClass && sm_version == kWgmmaSmVersion) {
     return KernelKind::WgmmaPrefill;
@@ -139,6 +142,7 @@ struct FlashParams {
   float* partial_out = nullptr;  // [partial token-rows, H, D]
   float* partial_lse = nullptr;  // [partial token-rows, H]
   int grid_items = 0;            // item slots of the 1-D grid, num_kv_heads CTAs each (items strided over them)
+  int num_sms = 0;               // multiprocessors: persistent kernels launch at most this many CTAs per resident slot
   KernelKind kernel = KernelKind::Mixed;  // choose_kernel's pick for the step
   int grid_combine = 0;
 };

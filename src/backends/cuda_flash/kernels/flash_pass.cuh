@@ -8,6 +8,7 @@
 
 #include <math_constants.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -56,17 +57,24 @@ __device__ __forceinline__ const TIO* query_chunk_src(const FlashParams& p, cons
 
 // Reduces a thread's scores of row half `i` (elements 2i, 2i + 1 of every
 // n-tile) as a tree: depth log2(2 kNT) instead of a 2 kNT-long dependent chain.
+// Each level is its own instantiation, so every index is a constant (a loop
+// over the levels left 16-tile rows in local memory).
+template <int kWidth, int kNT, typename Op>
+__device__ __forceinline__ void reduce_levels(float (&v)[kNT], Op op) {
+  if constexpr (kWidth >= 1) {
+#pragma unroll
+    for (int nt = 0; nt < kWidth; ++nt) v[nt] = op(v[nt], v[nt + kWidth]);
+    reduce_levels<kWidth / 2>(v, op);
+  }
+}
+
 template <int kNT, typename Op>
 __device__ __forceinline__ float row_reduce(const float (&s)[kNT][4], int i, Op op) {
   static_assert((kNT & (kNT - 1)) == 0, "a power of two of n-tiles");
   float v[kNT];
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) v[nt] = op(s[nt][2 * i], s[nt][2 * i + 1]);
-#pragma unroll
-  for (int width = kNT / 2; width >= 1; width /= 2) {
-#pragma unroll
-    for (int nt = 0; nt < width; ++nt) v[nt] = op(v[nt], v[nt + width]);
-  }
+  reduce_levels<kNT / 2>(v, op);
   return v[0];
 }
 
@@ -78,12 +86,13 @@ struct RunStart {
 };
 
 // A thread's share of the K/V copies of a pass: one 8-element column (my_ch)
-// of a run of kKeysPerRun consecutive keys (run my_run) of every key tile.
+// of a run of kKeysPerRun consecutive keys (run my_run) of every key tile of
+// kTileKeys keys.
 // When a run cannot straddle a block it costs one block-table load and one
 // address; its keys then follow at the slot stride (dense K/V is one endless
 // block). Other block sizes look up every key. Slots outside the key range
 // and block ids out of range are never read.
-template <int kKeysPerRun>
+template <int kKeysPerRun, int kTileKeys = kBlockN>
 struct KvRunWalker {
   const FlashParams& p;
   PassRange range;
@@ -123,7 +132,7 @@ struct KvRunWalker {
                                : params.block_table + static_cast<std::int64_t>(item.req) * bt_stride) {}
 
   __device__ __forceinline__ int first_key(int t) const {
-    return tile_lo + t * kBlockN + my_run * kKeysPerRun;
+    return tile_lo + t * kTileKeys + my_run * kKeysPerRun;
   }
 
   __device__ __forceinline__ RunStart locate(int t) const {
@@ -365,6 +374,46 @@ __device__ __forceinline__ void stage_warp_rows(const float (&o)[kDT][4], const 
   }
 }
 
+// Where packed row `row` of an item goes: its query token and head, and its
+// partial row when the item is one split of several.
+struct RowOut {
+  std::int64_t token;
+  int head;
+  std::int64_t partial_row;
+};
+
+__device__ __forceinline__ RowOut row_out(const FlashParams& p, const WorkItem& item, int kv_head, int group,
+                                          int row) {
+  const int token_rel = row / group;
+  const int head = kv_head * group + row % group;
+  const std::int64_t partial_row =
+      static_cast<std::int64_t>(item.partial_index + item.split * item.num_tokens + token_rel) * p.num_heads + head;
+  return {item.token_begin + token_rel, head, partial_row};
+}
+
+// The factor a row's O accumulator is multiplied by and the row's LSE
+// (natural log), from its running max m (log2 units) and sum l: a split's
+// partial is normalized over its own keys (the merge adds the sink once); a
+// whole row folds in the sink. A row that saw no key gives 0 and -inf.
+struct RowFinish {
+  float f;
+  float lse;
+};
+
+__device__ __forceinline__ RowFinish finish_row(const FlashParams& p, const WorkItem& item, int head, float m,
+                                                float l, float v_scale) {
+  if (m == -CUDART_INF_F) return {0.0f, -CUDART_INF_F};
+  if (item.num_splits > 1) return {v_scale / l, (m + log2f(l)) * kLn2};
+  float mm = m;
+  float den = l;
+  if (p.variant.sinks != nullptr) {
+    const float sink = p.variant.sinks[head] * kLog2e;
+    mm = fmaxf(m, sink);
+    den = l * exp2f(m - mm) + exp2f(sink - mm);
+  }
+  return {exp2f(m - mm) * v_scale / den, (mm + log2f(den)) * kLn2};
+}
+
 // The epilogue of a pass: reads the staged (m, l, O) of its rows (in decode
 // passes one per warp, merged here), normalizes, adds the sink, and writes
 // the output (and LSE), or a split's normalized partial and its LSE. One
@@ -400,42 +449,21 @@ __device__ __forceinline__ void write_pass_output(const FlashParams& p, const Wo
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] = src[e];
     }
-    const int row = row0 + r;
-    const int token_rel = row / group;
-    const int head = kv_head * group + row % group;
-    const bool empty = m_tot == -CUDART_INF_F;
-    if (item.num_splits > 1) {
-      const std::int64_t prow =
-          static_cast<std::int64_t>(item.partial_index + item.split * item.num_tokens + token_rel) *
-              p.num_heads +
-          head;
-      const float f = empty ? 0.0f : v_scale / l_tot;
-      float* dst = p.partial_out + prow * p.head_size + ch * kChunkElems;
+    const RowOut out = row_out(p, item, kv_head, group, row0 + r);
+    const RowFinish fin = finish_row(p, item, out.head, m_tot, l_tot, v_scale);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = acc[e] * f;
-      if (ch == 0) p.partial_lse[prow] = empty ? -CUDART_INF_F : (m_tot + log2f(l_tot)) * kLn2;
+    for (int e = 0; e < 8; ++e) acc[e] *= fin.f;
+    if (item.num_splits > 1) {
+      float* dst = p.partial_out + out.partial_row * p.head_size + ch * kChunkElems;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = acc[e];
+      if (ch == 0) p.partial_lse[out.partial_row] = fin.lse;
       continue;
     }
-    float f = 0.0f;
-    float lse = -CUDART_INF_F;
-    if (!empty) {
-      float mm = m_tot;
-      float den = l_tot;
-      if (p.variant.sinks != nullptr) {
-        const float sink = p.variant.sinks[head] * kLog2e;
-        mm = fmaxf(m_tot, sink);
-        den = l_tot * exp2f(m_tot - mm) + exp2f(sink - mm);
-      }
-      f = exp2f(m_tot - mm) * v_scale / den;
-      lse = (mm + log2f(den)) * kLn2;
-    }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= f;
-    const std::int64_t token = item.token_begin + token_rel;
-    store8<TIO>(
-        static_cast<TIO*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
-        acc);
-    if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
+    store8<TIO>(static_cast<TIO*>(p.output) + out.token * p.o_row_stride + out.head * p.o_head_stride +
+                    ch * kChunkElems,
+                acc);
+    if (p.lse != nullptr && ch == 0) p.lse[out.head * p.lse_head_stride + out.token * p.lse_token_stride] = fin.lse;
   }
 }
 
@@ -454,14 +482,30 @@ __device__ __forceinline__ void for_each_item(const FlashParams& p, F&& f) {
   }
 }
 
+// Persistent kernels: calls f(item, kv_head, group, block_table_stride) for
+// each (item, KV head) unit of this CTA, units numbered with the KV head
+// fastest (an item's heads run at once, as in for_each_item) and strided over
+// a grid of any size. The planner lists items heaviest first, so the stride
+// deals every CTA a similar mix.
+template <typename F>
+__device__ __forceinline__ void for_each_unit(const FlashParams& p, F&& f) {
+  const PlanHeader header = *p.header;
+  const int group = p.num_heads / p.num_kv_heads;
+  const std::int64_t units = static_cast<std::int64_t>(header.num_items) * p.num_kv_heads;
+  for (std::int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    f(p.items[u / p.num_kv_heads], static_cast<int>(u % p.num_kv_heads), group, header.block_table_stride);
+  }
+}
+
 // Host: launches an attention kernel over the step's items (the 1-D grid of
 // for_each_item) with `threads` threads and `smem_bytes` of dynamic shared
-// memory. The shared-memory opt-in runs once per device (`configured` holds
-// a bit per device; a host call per launch costs more than a decode step's
-// kernel). Returns kLaunchOk or a cudaError_t value.
+// memory; a persistent kernel (for_each_unit) passes `max_ctas`, the most
+// CTAs that run at once. The shared-memory opt-in runs once per device
+// (`configured` holds a bit per device; a host call per launch costs more
+// than a decode step's kernel). Returns kLaunchOk or a cudaError_t value.
 template <typename Kernel>
 int launch_over_items(Kernel kernel, int threads, int smem_bytes, std::atomic<std::uint64_t>& configured,
-                      const FlashParams& p, cudaStream_t stream) {
+                      const FlashParams& p, cudaStream_t stream, int max_ctas = 0) {
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return static_cast<int>(e);
   const std::uint64_t bit = std::uint64_t{1} << (device % 64);
@@ -471,8 +515,9 @@ int launch_over_items(Kernel kernel, int threads, int smem_bytes, std::atomic<st
     if (attr != cudaSuccess) return static_cast<int>(attr);
     configured.fetch_or(bit);
   }
-  kernel<<<static_cast<unsigned>(p.grid_items) * static_cast<unsigned>(p.num_kv_heads), threads, smem_bytes,
-           stream>>>(p);
+  std::int64_t ctas = static_cast<std::int64_t>(p.grid_items) * p.num_kv_heads;
+  if (max_ctas > 0) ctas = std::min<std::int64_t>(ctas, max_ctas);
+  kernel<<<static_cast<unsigned>(ctas), threads, smem_bytes, stream>>>(p);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -147,6 +147,24 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// Warp specialization (setmaxnreg): a warpgroup gives registers back to the
+// multiprocessor's pool (dec) or takes them from it (inc) for the rest of the
+// kernel; every warp of the warpgroup executes it. kRegs: a multiple of 8 in
+// [24, 256].
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if PAGEDATTN_WGMMA_ENABLED
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+#endif
+}
+
 // Keeps the compiler from moving accumulator registers across a wgmma in
 // flight (it does not know the asynchronous instruction still owns them).
 template <int kN>
@@ -169,6 +187,9 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
 #define PAGEDATTN_WG_D64                                                                              \
   PAGEDATTN_WG_D32, PAGEDATTN_WG_D4(8), PAGEDATTN_WG_D4(9), PAGEDATTN_WG_D4(10), PAGEDATTN_WG_D4(11), \
       PAGEDATTN_WG_D4(12), PAGEDATTN_WG_D4(13), PAGEDATTN_WG_D4(14), PAGEDATTN_WG_D4(15)
+#define PAGEDATTN_WG_W64                                                                              \
+  PAGEDATTN_WG_W32, PAGEDATTN_WG_W4(8), PAGEDATTN_WG_W4(9), PAGEDATTN_WG_W4(10), PAGEDATTN_WG_W4(11), \
+      PAGEDATTN_WG_W4(12), PAGEDATTN_WG_W4(13), PAGEDATTN_WG_W4(14), PAGEDATTN_WG_W4(15)
 #define PAGEDATTN_WG_REGS32                                                                     \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -180,10 +201,10 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
 
 // One wgmma statement per operand type (`ty`: "f16" or "bf16", both operands).
 // SS: both operands from shared memory, K-major; scale_d "0" ignores the old D.
-#define PAGEDATTN_WG_SS(ty, scale_d, outs)                                                     \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " " PAGEDATTN_WG_REGS32 \
-               ", %32, %33, " scale_d ", 1, 1, 0, 0;\n"                                        \
-               : outs                                                                          \
+#define PAGEDATTN_WG_SS(shape, regs, descs, ty, scale_d, ...)                                          \
+  asm volatile("wgmma.mma_async.sync.aligned." shape ".f32." ty "." ty " " regs ", " descs ", " scale_d \
+               ", 1, 1, 0, 0;\n"                                                                        \
+               : __VA_ARGS__                                                                            \
                : "l"(desc_a), "l"(desc_b))
 // RS: A from registers, B from shared memory, MN-major (transposed).
 #define PAGEDATTN_WG_RS(ty)                                                                     \
@@ -203,15 +224,42 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], std::uint64
                                                    std::uint64_t desc_b) {
 #if PAGEDATTN_WGMMA_ENABLED
   constexpr bool kHalf = std::is_same_v<T, half>;
+#define PAGEDATTN_WG_SS64(ty, scale_d, ...) \
+  PAGEDATTN_WG_SS("m64n64k16", PAGEDATTN_WG_REGS32, "%32, %33", ty, scale_d, __VA_ARGS__)
   if constexpr (kFirst && kHalf) {
-    PAGEDATTN_WG_SS("f16", "0", PAGEDATTN_WG_W32);
+    PAGEDATTN_WG_SS64("f16", "0", PAGEDATTN_WG_W32);
   } else if constexpr (kFirst) {
-    PAGEDATTN_WG_SS("bf16", "0", PAGEDATTN_WG_W32);
+    PAGEDATTN_WG_SS64("bf16", "0", PAGEDATTN_WG_W32);
   } else if constexpr (kHalf) {
-    PAGEDATTN_WG_SS("f16", "1", PAGEDATTN_WG_D32);
+    PAGEDATTN_WG_SS64("f16", "1", PAGEDATTN_WG_D32);
   } else {
-    PAGEDATTN_WG_SS("bf16", "1", PAGEDATTN_WG_D32);
+    PAGEDATTN_WG_SS64("bf16", "1", PAGEDATTN_WG_D32);
   }
+#undef PAGEDATTN_WG_SS64
+#else
+  (void)d, (void)desc_a, (void)desc_b;
+#endif
+}
+
+// D[64 x 128] (+)= A[64 x 16] B[16 x 128]^T, both from shared memory,
+// K-major: wgmma_m64n64k16_ss over 128 keys (d[nt] for n-tiles 0 .. 15).
+template <typename T, bool kFirst>
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], std::uint64_t desc_a,
+                                                    std::uint64_t desc_b) {
+#if PAGEDATTN_WGMMA_ENABLED
+  constexpr bool kHalf = std::is_same_v<T, half>;
+#define PAGEDATTN_WG_SS128(ty, scale_d, ...) \
+  PAGEDATTN_WG_SS("m64n128k16", PAGEDATTN_WG_REGS64, "%64, %65", ty, scale_d, __VA_ARGS__)
+  if constexpr (kFirst && kHalf) {
+    PAGEDATTN_WG_SS128("f16", "0", PAGEDATTN_WG_W64);
+  } else if constexpr (kFirst) {
+    PAGEDATTN_WG_SS128("bf16", "0", PAGEDATTN_WG_W64);
+  } else if constexpr (kHalf) {
+    PAGEDATTN_WG_SS128("f16", "1", PAGEDATTN_WG_D64);
+  } else {
+    PAGEDATTN_WG_SS128("bf16", "1", PAGEDATTN_WG_D64);
+  }
+#undef PAGEDATTN_WG_SS128
 #else
   (void)d, (void)desc_a, (void)desc_b;
 #endif
@@ -239,6 +287,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const std
 #undef PAGEDATTN_WG_W4
 #undef PAGEDATTN_WG_W32
 #undef PAGEDATTN_WG_D64
+#undef PAGEDATTN_WG_W64
 #undef PAGEDATTN_WG_REGS32
 #undef PAGEDATTN_WG_REGS64
 #undef PAGEDATTN_WG_SS

@@ -1,16 +1,21 @@
 // The Hopper prefill kernel of CUDA_FLASH (sm_90a, head class 128, 16-bit
-// K/V): the mma.sync kernel's work items and online softmax, with S = Q K^T
-// and O += P V on warpgroup MMAs (wgmma) that read Q, K and V straight from
-// 128-byte swizzled shared memory, where mma.sync had every warp load its
-// operands through ldmatrix into registers it did not have (255, with spills).
+// K/V), warp-specialized as FlashAttention-3: a producer warpgroup copies
+// each pass's queries and its K and V tiles of kTileKeys keys from the paged
+// cache into 128-byte swizzled shared memory (cp.async, one page run per
+// thread: a page table rules out one bulk copy per tile), and two consumer
+// warpgroups run S = Q K^T and O += P V on warpgroup MMAs (wgmma) that read
+// the tiles through descriptors, with the online softmax of the mma.sync
+// kernels (flash_pass.cuh), so both give the same scores. The producer gives
+// its registers to the consumers (setmaxnreg) and runs ahead through the
+// CTA's passes, so the next pass's loads overlap this pass's last MMAs and
+// epilogue. Persistent: the grid is one CTA per multiprocessor, striding over
+// the (item, KV head) units.
 //
-// A CTA is two warpgroups (256 threads) and takes a 128-row pass: warpgroup w
-// owns packed rows [64w, 64w + 64) and every key of a tile, so each K/V tile
-// in shared memory serves 128 rows, as in the mma.sync prefill pass. All 256
-// threads copy K/V tiles (cp.async into five buffers, three tiles ahead)
-// through the same KvRunWalker. Any item runs here as 128-row passes (a
-// decode item too: a graph captured on a prefill-only step may replay a mixed
-// plan), correct and, for decode items, slower.
+// A pass is 128 packed rows of an item: consumer warpgroup w owns rows
+// [64w, 64w + 64) and every key of a tile, so each K/V tile in shared memory
+// serves 128 rows. Any item runs here as 128-row passes (a decode item too:
+// a graph captured on a prefill-only step may replay a mixed plan), correct
+// and, for decode items, slower.
 #pragma once
 
 #include <atomic>
@@ -26,243 +31,322 @@ namespace pagedattn::cuda_flash::detail {
 
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kWgmmaTileRows = 64;  // rows of one warpgroup's MMA tile
-inline constexpr int kWgmmaWarpgroups = kPrefillRows / kWgmmaTileRows;
-inline constexpr int kWgmmaThreads = kWgmmaWarpgroups * kWarpgroupThreads;
+inline constexpr int kWgmmaConsumers = kPrefillRows / kWgmmaTileRows;
+inline constexpr int kWgmmaConsumerThreads = kWgmmaConsumers * kWarpgroupThreads;
+inline constexpr int kWgmmaProducerWg = kWgmmaConsumers;  // the last warpgroup
+inline constexpr int kWgmmaThreads = kWgmmaConsumerThreads + kWarpgroupThreads;
 inline constexpr int kWgmmaK = 16;  // the reduction depth of one 16-bit wgmma
+// Registers per thread after the hand-over: the launch gets 168 per thread
+// (384 threads), 504 per thread slot of the three warpgroups; the producer,
+// which only walks the page table and issues copies, passes its share to the
+// consumers' accumulators (2 x 224 + 56 = 504).
+inline constexpr int kProducerRegs = 56;
+inline constexpr int kConsumerRegs = 224;
 
 // Shared memory: alignment slack (swizzled tiles start on 1024-byte atoms),
-// Q [128 rows, 128 dims], then kStages buffers of K and V tiles [64 keys, 128
-// dims] (all swizzled, 64-dim panels), which the fp32 O stage [128, 128]
-// reuses, then (m, l) per row, then the buffers' mbarriers.
+// Q [128 rows, kHC dims], then kStages K tiles and kStages V tiles [kTileKeys
+// keys, kHC dims] (all swizzled, 64-dim panels), then the mbarriers.
 struct WgmmaLayout {
   static constexpr int kHC = kWgmmaClass;
+  static constexpr int kTileKeys = 128;  // keys per K/V tile: N of S = Q K^T
+  static constexpr int kStages = 2;      // K (and V) tile buffers
   static constexpr int kChunks = kHC / kChunkElems;
-  static constexpr int kKeysPerRun = kBlockN * kChunks / kWgmmaThreads;
-  static constexpr int kStages = 5;  // K/V tile buffers (the key loop says why)
+  static constexpr int kKeysPerRun = kTileKeys * kChunks / kWarpgroupThreads;
   static constexpr int kQBytes = kPrefillRows * kHC * 2;
-  static constexpr int kTileBytes = kBlockN * kHC * 2;  // one K or V tile
-  static constexpr int kKVBytes = kStages * 2 * kTileBytes;
-  static constexpr int kStageBytes = kPrefillRows * kHC * 4;
-  static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
-  static constexpr int kMLBytes = kPrefillRows * 2 * 4;
-  static constexpr int kBarrierBytes = 2 * kStages * static_cast<int>(sizeof(std::uint64_t));  // full + empty
-  static constexpr int kSmemBytes = kSwizzleAtomBytes + kQBytes + kBodyBytes + kMLBytes + kBarrierBytes;
-  static_assert(kWgmmaThreads % kChunks == 0, "a thread's column must not change between its keys");
+  static constexpr int kTileBytes = kTileKeys * kHC * 2;  // one K or V tile
+  static constexpr int kKBytes = kStages * kTileBytes;
+  // q_full, q_empty, then k_full, k_empty, v_full, v_empty per stage.
+  static constexpr int kBarriers = 2 + 4 * kStages;
+  static constexpr int kSmemBytes =
+      kSwizzleAtomBytes + kQBytes + 2 * kKBytes + kBarriers * static_cast<int>(sizeof(std::uint64_t));
+  static_assert(kWarpgroupThreads % kChunks == 0, "a thread's column must not change between its keys");
 };
 
 // Descriptor offsets of the swizzled tiles: 8-row atoms are 1024 B apart; the
-// 64-dim panels of a K or V tile are kBlockN rows apart.
+// 64-dim panels of a K or V tile are kTileKeys rows apart, of Q kPrefillRows.
 inline constexpr std::uint32_t kAtomStride = kSwizzleAtomBytes;
-inline constexpr std::uint32_t kPanelStride = kBlockN * kSwizzleBytes;
+inline constexpr std::uint32_t kPanelStride = WgmmaLayout::kTileKeys * kSwizzleBytes;
+inline constexpr std::uint32_t kQPanelStride = kPrefillRows * kSwizzleBytes;
 inline constexpr int kKStepsPerPanel = kSwizzleElems / kWgmmaK;
-// Named barriers of the ping-pong: warpgroup w waits on kTurnBarrier + w.
+// Named barriers of the ping-pong: consumer warpgroup w waits on kTurnBarrier + w.
 inline constexpr int kTurnBarrier = 1;
 
-// The K/V buffers' synchronization, shared by the passes of a CTA: `full[b]`
-// completes a phase when every thread's copies of the tile in buffer b have
-// landed, `empty[b]` when every thread has retired the MMAs reading it. Tiles
-// are numbered across passes (`seq`), so tile G lives in buffer G % kStages
-// and is that buffer's phase G / kStages.
-struct TileSync {
-  std::uint64_t* full;
-  std::uint64_t* empty;
-  int seq;  // number of tiles of the CTA's earlier passes
+// The CTA's barriers. Tiles are numbered across the CTA's passes (`seq`), so
+// tile G lives in buffer G % kStages and is that buffer's phase G / kStages;
+// passes likewise number the phases of the Q buffer. `full` completes a phase
+// when every producer thread's copies have landed, `empty` when every
+// consumer thread has retired the MMAs reading the buffer.
+struct WgmmaBarriers {
+  std::uint64_t* q_full;
+  std::uint64_t* q_empty;
+  std::uint64_t* k_full;   // [kStages]
+  std::uint64_t* k_empty;  // [kStages]
+  std::uint64_t* v_full;   // [kStages]
+  std::uint64_t* v_empty;  // [kStages]
 };
 
-// One 128-row pass of an item. Shared memory (swizzled where marked):
-//   q_s    [kPrefillRows, kHC] swizzled
-//   kv_s   [kStages][K, V][kBlockN, kHC] swizzled; aliased by
-//   stage  [kPrefillRows, kHC] fp32 O, after the key loop
-//   ml     [kPrefillRows, 2] (m, l)
+// What producer and consumers both derive from a pass: its key range and tiles.
+struct PassTiles {
+  PassRange range;
+  int tile_lo;    // first key of tile 0
+  int num_tiles;  // tiles with visible keys
+  int steps;      // tiles run: a pass without keys runs one, zero-filled and masked
+};
+
+__device__ __forceinline__ PassTiles pass_tiles(const FlashParams& p, const WorkItem& item, int group, int row0,
+                                                int rows) {
+  constexpr int kN = WgmmaLayout::kTileKeys;
+  const PassRange range = pass_range(p, item, group, row0, rows);
+  const int tile_lo = range.kv_lo - range.kv_lo % kN;
+  const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - tile_lo + kN - 1) / kN : 0;
+  return {range, tile_lo, num_tiles, max(num_tiles, 1)};
+}
+
+// Calls f(row0, rows) for each 128-row pass of an item.
+template <typename F>
+__device__ __forceinline__ void for_each_pass(const WorkItem& item, int group, F&& f) {
+  const int rows_total = item.num_tokens * group;
+  for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) f(row0, min(kPrefillRows, rows_total - row0));
+}
+
+// The producer warpgroup: for every pass of the CTA, in the consumers' order,
+// the queries into the Q buffer once the previous pass has released it, then
+// each tile's K and V into their buffers once released. Every thread arrives
+// on a `full` barrier when its own copies land (cp.async's mbarrier arrive).
 template <typename T>
-__device__ void wgmma_prefill_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group,
-                                   int bt_stride, int row0, int rows, unsigned char* q_s, unsigned char* kv_s,
-                                   float* stage, float* ml, TileSync& sync) {
+__device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
+                              const WgmmaBarriers& bars) {
+  using L = WgmmaLayout;
+  const int tid = static_cast<int>(threadIdx.x) - kWgmmaConsumerThreads;
+  const int my_ch = tid % L::kChunks;
+  const int my_run = tid / L::kChunks;
+  int seq = 0;
+  int pass = 0;
+  for_each_unit(p, [&](const WorkItem& item, int kv_head, int group, int bt_stride) {
+    for_each_pass(item, group, [&](int row0, int rows) {
+      if (pass > 0) mbarrier_wait(bars.q_empty, (pass - 1) & 1);
+      for (int c = tid; c < kPrefillRows * L::kChunks; c += kWarpgroupThreads) {
+        const int r = c / L::kChunks;
+        const int ch = c % L::kChunks;
+        bool valid = false;
+        const T* src = query_chunk_src<T>(p, item, kv_head, group, row0, rows, r, ch, valid);
+        cp_async_16(q_s + swizzled_offset(r, ch, kPrefillRows), valid ? src : p.query, valid);
+      }
+      cp_async_arrive(bars.q_full);
+
+      const PassTiles pt = pass_tiles(p, item, group, row0, rows);
+      const KvRunWalker<L::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
+                                                             my_ch, my_run, 2);
+      RunStart run = walker.locate(0);
+      for (int t = 0; t < pt.steps; ++t) {
+        const int gt = seq + t;
+        const int buf = gt % L::kStages;
+        const int reuse_parity = (gt / L::kStages - 1) & 1;
+        const int tile_off = buf * L::kTileBytes;
+        if (gt >= L::kStages) mbarrier_wait(&bars.k_empty[buf], reuse_parity);
+        walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char*) {
+          cp_async_16(k_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), k_src,
+                      valid);
+        });
+        cp_async_arrive(&bars.k_full[buf]);
+        if (gt >= L::kStages) mbarrier_wait(&bars.v_empty[buf], reuse_parity);
+        walker.walk(t, run, [&](int i, bool valid, const char*, const char* v_src) {
+          cp_async_16(v_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), v_src,
+                      valid);
+        });
+        cp_async_arrive(&bars.v_full[buf]);
+        run = walker.locate(t + 1);
+      }
+      seq += pt.steps;
+      ++pass;
+    });
+  });
+  cp_async_wait<0>();
+}
+
+// Writes a consumer thread's two rows of a pass (g and g + 8 of its warp's
+// 16) from the O accumulators: normalized (finish_row), as the output and its
+// LSE or as a split's partial. A quad's 4 threads hold a row's dims
+// 8 dt + 2 tig, + 1.
+template <typename T, int kDT>
+__device__ __forceinline__ void wgmma_store_rows(const FlashParams& p, const WorkItem& item, int kv_head, int group,
+                                                 int row0, int rows, int r0, int tig, const float (&o)[kDT][4],
+                                                 const float (&m)[2], float (&l)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = r0 + 8 * i;
+    if (r >= rows) continue;
+    const RowOut out = row_out(p, item, kv_head, group, row0 + r);
+    const RowFinish fin = finish_row(p, item, out.head, m[i], l[i], 1.0f);
+    if (item.num_splits > 1) {
+      float* dst = p.partial_out + out.partial_row * p.head_size;
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        const int d = dt * 8 + 2 * tig;
+        if (d < p.head_size) {
+          *reinterpret_cast<float2*>(dst + d) = make_float2(o[dt][2 * i] * fin.f, o[dt][2 * i + 1] * fin.f);
+        }
+      }
+      if (tig == 0) p.partial_lse[out.partial_row] = fin.lse;
+      continue;
+    }
+    T* dst = static_cast<T*>(p.output) + out.token * p.o_row_stride + out.head * p.o_head_stride;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      const int d = dt * 8 + 2 * tig;
+      if (d < p.head_size) {
+        *reinterpret_cast<std::uint32_t*>(dst + d) = Elem<T>::pack(o[dt][2 * i] * fin.f, o[dt][2 * i + 1] * fin.f);
+      }
+    }
+    if (p.lse != nullptr && tig == 0) p.lse[out.head * p.lse_head_stride + out.token * p.lse_token_stride] = fin.lse;
+  }
+}
+
+// A consumer warpgroup's passes. The key loop is FlashAttention-3's
+// intra-warpgroup pipelining: step t issues S of tile t, then P V of tile
+// t - 1, and runs the softmax of tile t on the CUDA cores while P V runs on
+// the tensor cores; O is rescaled just before the next P V. Every step
+// retires its MMAs (ptxas serializes the wgmmas of a loop whose MMAs in
+// flight differ between paths), and a pass with no key tile still runs one,
+// on a zero-filled tile whose keys are all masked. And its ping-pong: the
+// two warpgroups take turns to issue their MMAs (named barriers), so each
+// one's softmax runs under the other's MMAs. K of tile t is released as soon
+// as S of t has retired, V after P V; the queries after the pass's last S.
+template <typename T>
+__device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
+                              const WgmmaBarriers& bars) {
   using L = WgmmaLayout;
   constexpr int kHC = L::kHC;
-  constexpr int kNT = kBlockN / 8;  // 8-key n-tiles of S
-  constexpr int kDT = kHC / 8;      // 8-dim n-tiles of O
+  constexpr int kNT = L::kTileKeys / 8;  // 8-key n-tiles of S
+  constexpr int kDT = kHC / 8;           // 8-dim n-tiles of O
+  constexpr int kPvSteps = L::kTileKeys / kWgmmaK;
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / kWarpgroupThreads;
   const int lane = tid % 32;
   const int g = lane / 4;
   const int tig = lane % 4;
-
-  __syncthreads();  // the previous pass has finished with shared memory
-
-  // ---- query rows -> swizzled shared memory (one cp.async group) ----
-  for (int c = tid; c < kPrefillRows * L::kChunks; c += kWgmmaThreads) {
-    const int r = c / L::kChunks;
-    const int ch = c % L::kChunks;
-    bool valid = false;
-    const T* src = query_chunk_src<T>(p, item, kv_head, group, row0, rows, r, ch, valid);
-    cp_async_16(q_s + swizzled_offset(r, ch, kPrefillRows), valid ? src : p.query, valid);
-  }
-  cp_async_commit();
-
-  const PassRange range = pass_range(p, item, group, row0, rows);
-  const int tile_lo = range.kv_lo - range.kv_lo % kBlockN;
-  const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - tile_lo + kBlockN - 1) / kBlockN : 0;
-
   // This thread's rows: g and g + 8 of its warp's 16 rows of the warpgroup tile.
   const int row_base = wg * kWgmmaTileRows + (tid % kWarpgroupThreads) / 32 * kMmaRows;
-  const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
-  const int warp_pos_hi = item.position_begin + (row0 + row_base + kMmaRows - 1) / group;
+  const int my_turn = kTurnBarrier + wg;
+  const int their_turn = kTurnBarrier + 1 - wg;
+  const std::uint32_t q_addr = smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
   const float qk_scale = p.variant.scale;
   const float qk_scale_log2 = qk_scale * kLog2e;
 
-  float o[kDT][4];
-  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
-  float l[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  int seq = 0;
+  int pass = 0;
+  for_each_unit(p, [&](const WorkItem& item, int kv_head, int group, int) {
+    for_each_pass(item, group, [&](int row0, int rows) {
+      const PassTiles pt = pass_tiles(p, item, group, row0, rows);
+      const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
+      const int warp_pos_hi = item.position_begin + (row0 + row_base + kMmaRows - 1) / group;
+      const auto buf_of = [&](int t) { return (seq + t) % L::kStages; };
+      const auto parity_of = [&](int t) { return ((seq + t) / L::kStages) & 1; };
+      const auto wait_full = [&](std::uint64_t* full, int t) {
+        mbarrier_wait(&full[buf_of(t)], parity_of(t));
+        fence_proxy_async_shared();  // the copies, to the wgmma reads
+      };
 
-  const int my_ch = tid % L::kChunks;
-  const int my_run = tid / L::kChunks;
-  const KvRunWalker<L::kKeysPerRun> walker(p, item, kv_head, bt_stride, range, tile_lo, my_ch, my_run, 2);
-  const auto issue_tile = [&](int t, int buf, RunStart run) {
-    unsigned char* k_tile = kv_s + buf * 2 * L::kTileBytes;
-    walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
-      const int off = swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, kBlockN);
-      cp_async_16(k_tile + off, k_src, valid);
-      cp_async_16(k_tile + L::kTileBytes + off, v_src, valid);
-    });
-  };
-
-  const std::uint32_t q_addr =
-      smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
-  const auto tile_addr = [&](int t) {
-    return smem_addr(kv_s + ((sync.seq + t) % L::kStages) * 2 * L::kTileBytes);
-  };
-  // S = Q K^T of tile t over the head dims, 16 at a time (a step's 32 bytes
-  // of each row sit inside one 64-dim panel), issued, not waited for.
-  const auto issue_qk = [&](int t, float(&s)[kNT][4]) {
-    const std::uint32_t k_addr = tile_addr(t);
-    wgmma_fence();
+      // S = Q K^T of tile t over the head dims, 16 at a time (a step's 32
+      // bytes of each row sit inside one 64-dim panel), issued, not waited for.
+      const auto issue_qk = [&](int t, float(&s)[kNT][4]) {
+        const std::uint32_t k_addr = smem_addr(k_s + buf_of(t) * L::kTileBytes);
+        wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kHC / kWgmmaK; ++kk) {
-      const auto step = static_cast<std::uint32_t>((kk % kKStepsPerPanel) * kWgmmaK * 2);
-      const auto panel = static_cast<std::uint32_t>(kk / kKStepsPerPanel);
-      const std::uint64_t dq =
-          smem_desc(q_addr + panel * kPrefillRows * kSwizzleBytes + step, kChunkBytes, kAtomStride);
-      const std::uint64_t dk = smem_desc(k_addr + panel * kPanelStride + step, kChunkBytes, kAtomStride);
-      if (kk == 0) {
-        wgmma_m64n64k16_ss<T, true>(s, dq, dk);
-      } else {
-        wgmma_m64n64k16_ss<T, false>(s, dq, dk);
+        for (int kk = 0; kk < kHC / kWgmmaK; ++kk) {
+          const auto step = static_cast<std::uint32_t>((kk % kKStepsPerPanel) * kWgmmaK * 2);
+          const auto panel = static_cast<std::uint32_t>(kk / kKStepsPerPanel);
+          const std::uint64_t dq = smem_desc(q_addr + panel * kQPanelStride + step, kChunkBytes, kAtomStride);
+          const std::uint64_t dk = smem_desc(k_addr + panel * kPanelStride + step, kChunkBytes, kAtomStride);
+          if (kk == 0) {
+            wgmma_m64n128k16_ss<T, true>(s, dq, dk);
+          } else {
+            wgmma_m64n128k16_ss<T, false>(s, dq, dk);
+          }
+        }
+        wgmma_commit();
+      };
+      // O += P V of tile t over its keys, 16 at a time (V read MN-major).
+      const auto issue_pv = [&](int t, const std::uint32_t(&a)[kPvSteps][4], float(&o)[kDT][4]) {
+        const std::uint32_t v_addr = smem_addr(v_s + buf_of(t) * L::kTileBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kPvSteps; ++kk) {
+          const std::uint64_t dv =
+              smem_desc(v_addr + static_cast<std::uint32_t>(kk * kWgmmaK * kSwizzleBytes), kPanelStride, kAtomStride);
+          wgmma_m64n128k16_rs<T>(o, a[kk], dv);
+        }
+        wgmma_commit();
+      };
+      float o[kDT][4];
+      float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+      float l[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+      const auto softmax_tile = [&](int t, float(&s)[kNT][4]) {
+        const int k0 = pt.tile_lo + t * L::kTileKeys;
+        const bool whole = whole_block(p, pt.range, k0, k0 + L::kTileKeys - 1, warp_pos_lo, warp_pos_hi);
+        const ScoreRows at{{row0 + row_base + g, row0 + row_base + g + 8}, row0 + rows, k0, tig};
+        return softmax_scores(p, item, kv_head, group, pt.range, at, whole, qk_scale, qk_scale_log2, s, m, l);
+      };
+      const auto release = [&](std::uint64_t* empty, int t) { mbarrier_arrive(&empty[buf_of(t)]); };
+
+      mbarrier_wait(bars.q_full, pass & 1);
+      fence_proxy_async_shared();
+      if (wg == 1) named_barrier_arrive(their_turn, kWgmmaConsumerThreads);  // warpgroup 0 goes first
+
+      float s[kNT][4];
+      std::uint32_t a[kPvSteps][4];
+      wait_full(bars.k_full, 0);
+      named_barrier_sync(my_turn, kWgmmaConsumerThreads);
+      issue_qk(0, s);
+      named_barrier_arrive(their_turn, kWgmmaConsumerThreads);
+      wgmma_wait<0>();
+      wgmma_pin(s);
+      release(bars.k_empty, 0);
+      if (pt.steps == 1) mbarrier_arrive(bars.q_empty);
+      Rescale rescale = softmax_tile(0, s);
+#pragma unroll
+      for (int kk = 0; kk < kPvSteps; ++kk) scores_to_a<T>(s, kk, a[kk]);
+      for (int t = 1; t < pt.steps; ++t) {
+        wait_full(bars.k_full, t);
+        wait_full(bars.v_full, t - 1);
+        named_barrier_sync(my_turn, kWgmmaConsumerThreads);
+        issue_qk(t, s);
+        apply_rescale(rescale, o);
+        issue_pv(t - 1, a, o);
+        named_barrier_arrive(their_turn, kWgmmaConsumerThreads);
+        wgmma_wait<1>();  // S of tile t (P V of t - 1 runs on)
+        wgmma_pin(s);
+        release(bars.k_empty, t);
+        if (t == pt.steps - 1) mbarrier_arrive(bars.q_empty);
+        rescale = softmax_tile(t, s);
+        wgmma_wait<0>();
+        wgmma_pin(o);
+        release(bars.v_empty, t - 1);
+#pragma unroll
+        for (int kk = 0; kk < kPvSteps; ++kk) scores_to_a<T>(s, kk, a[kk]);
       }
-    }
-    wgmma_commit();
-  };
+      wait_full(bars.v_full, pt.steps - 1);
+      named_barrier_sync(my_turn, kWgmmaConsumerThreads);
+      apply_rescale(rescale, o);
+      issue_pv(pt.steps - 1, a, o);
+      // Warpgroup 1 arrived once ahead at the start; it skips its last turn.
+      if (wg == 0) named_barrier_arrive(their_turn, kWgmmaConsumerThreads);
+      wgmma_wait<0>();
+      wgmma_pin(o);
+      release(bars.v_empty, pt.steps - 1);
+      seq += pt.steps;
+      ++pass;
 
-  // O += P V of tile t over its keys, 16 at a time (V read MN-major).
-  const auto issue_pv = [&](int t, const std::uint32_t(&a)[kBlockN / kWgmmaK][4]) {
-    const std::uint32_t v_addr = tile_addr(t) + L::kTileBytes;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) {
-      const std::uint64_t dv = smem_desc(v_addr + static_cast<std::uint32_t>(kk * kWgmmaK * kSwizzleBytes),
-                                         kPanelStride, kAtomStride);
-      wgmma_m64n128k16_rs<T>(o, a[kk], dv);
-    }
-    wgmma_commit();
-  };
-  const auto softmax_tile = [&](int t, float(&s)[kNT][4]) {
-    const int k0 = tile_lo + t * kBlockN;
-    const bool whole = whole_block(p, range, k0, k0 + kBlockN - 1, warp_pos_lo, warp_pos_hi);
-    const ScoreRows at{{row0 + row_base + g, row0 + row_base + g + 8}, row0 + rows, k0, tig};
-    return softmax_scores(p, item, kv_head, group, range, at, whole, qk_scale, qk_scale_log2, s, m, l);
-  };
-
-  // ---- the key loop ----
-  // FlashAttention-3's intra-warpgroup pipelining: step t issues S of tile t,
-  // then P V of tile t - 1, and runs the softmax of tile t on the CUDA cores
-  // while P V runs on the tensor cores; O is rescaled just before the next
-  // P V. Every step retires its MMAs (ptxas serializes the wgmmas of a loop
-  // whose MMAs in flight differ between paths), and a pass with no key tile
-  // still runs one, on a zero-filled tile 0 whose keys are all masked.
-  // And its ping-pong: the warpgroups take turns to issue their MMAs (named
-  // barriers), so each one's softmax runs under the other's MMAs. They meet
-  // only at the buffers' mbarriers, not at a CTA barrier per step. A tile's
-  // buffer is read from step t (K) to t + 1 (V), so copies run kAhead tiles
-  // ahead into the buffer of tile t - 2 once both warpgroups released it.
-  // Every copy into a used buffer waits for its release, the prologue's too:
-  // those phases completed before the previous pass's CTA barrier, so the wait
-  // returns at once, but a thread must observe a phase complete before it
-  // arrives on the barrier's next one (compute-sanitizer's synccheck reports
-  // the arrival otherwise).
-  constexpr int kAhead = L::kStages - 2;
-  const int steps = max(num_tiles, 1);
-  RunStart run = walker.locate(0);
-  const auto copy_tile = [&](int c) {
-    const int gt = sync.seq + c;
-    const int buf = gt % L::kStages;
-    if (gt >= L::kStages) mbarrier_wait(&sync.empty[buf], (gt / L::kStages - 1) & 1);
-    issue_tile(c, buf, run);
-    cp_async_arrive(&sync.full[buf]);
-    cp_async_commit();
-    run = walker.locate(c + 1);
-  };
-  for (int c = 0; c < kAhead && c < steps; ++c) copy_tile(c);
-  cp_async_wait<0>();  // the queries (and the first tiles)
-  fence_proxy_async_shared();
-  __syncthreads();
-
-  const auto wait_tile = [&](int t) {
-    const int gt = sync.seq + t;
-    mbarrier_wait(&sync.full[gt % L::kStages], (gt / L::kStages) & 1);
-    fence_proxy_async_shared();  // the copies, to the wgmma reads
-  };
-  const auto release_tile = [&](int t) { mbarrier_arrive(&sync.empty[(sync.seq + t) % L::kStages]); };
-  const int my_turn = kTurnBarrier + wg;
-  const int their_turn = kTurnBarrier + 1 - wg;
-  if (wg == 1) named_barrier_arrive(their_turn, kWgmmaThreads);  // warpgroup 0 goes first
-
-  float s[kNT][4];
-  std::uint32_t a[kBlockN / kWgmmaK][4];
-  wait_tile(0);
-  named_barrier_sync(my_turn, kWgmmaThreads);
-  issue_qk(0, s);
-  named_barrier_arrive(their_turn, kWgmmaThreads);
-  if (kAhead < num_tiles) copy_tile(kAhead);
-  wgmma_wait<0>();
-  wgmma_pin(s);
-  Rescale rescale = softmax_tile(0, s);
-#pragma unroll
-  for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) scores_to_a<T>(s, kk, a[kk]);
-  for (int t = 1; t < num_tiles; ++t) {
-    wait_tile(t);
-    named_barrier_sync(my_turn, kWgmmaThreads);
-    issue_qk(t, s);
-    apply_rescale(rescale, o);
-    issue_pv(t - 1, a);
-    named_barrier_arrive(their_turn, kWgmmaThreads);
-    if (t + kAhead < num_tiles) copy_tile(t + kAhead);
-    wgmma_wait<1>();  // S of tile t (P V of t - 1 runs on)
-    wgmma_pin(s);
-    rescale = softmax_tile(t, s);
-    wgmma_wait<0>();
-    wgmma_pin(o);
-    release_tile(t - 1);
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / kWgmmaK; ++kk) scores_to_a<T>(s, kk, a[kk]);
-  }
-  named_barrier_sync(my_turn, kWgmmaThreads);
-  apply_rescale(rescale, o);
-  issue_pv(steps - 1, a);
-  // Warpgroup 1 arrived once ahead at the start; it skips its last turn.
-  if (wg == 0) named_barrier_arrive(their_turn, kWgmmaThreads);
-  wgmma_wait<0>();
-  wgmma_pin(o);
-  release_tile(steps - 1);
-  sync.seq += steps;
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // ---- stage (m, l, O) (aliases the K/V tiles), then the epilogue ----
-  stage_warp_rows<kHC, false>(o, m, l, row_base + g, tig, stage, ml);
-  __syncthreads();
-  write_pass_output<kHC, T, false, kWgmmaThreads>(p, item, kv_head, group, row0, rows, stage, ml, 1.0f);
+      wgmma_store_rows<T>(p, item, kv_head, group, row0, rows, row_base + g, tig, o, m, l);
+    });
+  });
 }
 
 template <typename T>
@@ -275,25 +359,29 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
   const std::uint32_t misalign = smem_addr(smem_raw) % kSwizzleAtomBytes;
   unsigned char* smem = smem_raw + (misalign == 0 ? 0 : kSwizzleAtomBytes - misalign);
   unsigned char* q_s = smem;
-  unsigned char* kv_s = smem + L::kQBytes;
-  auto* stage = reinterpret_cast<float*>(kv_s);
-  auto* ml = reinterpret_cast<float*>(kv_s + L::kBodyBytes);
-  auto* bars = reinterpret_cast<std::uint64_t*>(kv_s + L::kBodyBytes + L::kMLBytes);
-  TileSync sync{bars, bars + L::kStages, 0};
+  unsigned char* k_s = q_s + L::kQBytes;
+  unsigned char* v_s = k_s + L::kKBytes;
+  auto* bar = reinterpret_cast<std::uint64_t*>(v_s + L::kKBytes);
+  const WgmmaBarriers bars{bar, bar + 1, bar + 2, bar + 2 + L::kStages, bar + 2 + 2 * L::kStages,
+                           bar + 2 + 3 * L::kStages};
   if (threadIdx.x == 0) {
+    mbarrier_init(bars.q_full, kWarpgroupThreads);
+    mbarrier_init(bars.q_empty, kWgmmaConsumerThreads);
     for (int b = 0; b < L::kStages; ++b) {
-      mbarrier_init(&sync.full[b], kWgmmaThreads);
-      mbarrier_init(&sync.empty[b], kWgmmaThreads);
+      mbarrier_init(&bars.k_full[b], kWarpgroupThreads);
+      mbarrier_init(&bars.k_empty[b], kWgmmaConsumerThreads);
+      mbarrier_init(&bars.v_full[b], kWarpgroupThreads);
+      mbarrier_init(&bars.v_empty[b], kWgmmaConsumerThreads);
     }
   }
   __syncthreads();
-  for_each_item(p, [&](const WorkItem& item, int kv_head, int group, int bt_stride) {
-    const int rows_total = item.num_tokens * group;
-    for (int row0 = 0; row0 < rows_total; row0 += kPrefillRows) {
-      wgmma_prefill_pass<T>(p, item, kv_head, group, bt_stride, row0, min(kPrefillRows, rows_total - row0),
-                            q_s, kv_s, stage, ml, sync);
-    }
-  });
+  if (static_cast<int>(threadIdx.x) / kWarpgroupThreads == kWgmmaProducerWg) {
+    setmaxnreg_dec<kProducerRegs>();
+    wgmma_produce<T>(p, q_s, k_s, v_s, bars);
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    wgmma_consume<T>(p, q_s, k_s, v_s, bars);
+  }
 #else
   (void)p;
 #endif
@@ -302,8 +390,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
 template <typename T>
 int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
   static std::atomic<std::uint64_t> configured{0};
-  return launch_over_items(wgmma_prefill_kernel<T>, kWgmmaThreads, WgmmaLayout::kSmemBytes, configured, p,
-                           stream);
+  return launch_over_items(wgmma_prefill_kernel<T>, kWgmmaThreads, WgmmaLayout::kSmemBytes, configured, p, stream,
+                           p.num_sms * kWgmmaCtasPerSm);
 }
 
 }  // namespace pagedattn::cuda_flash::detail
