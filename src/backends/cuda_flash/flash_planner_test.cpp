@@ -112,16 +112,17 @@ TEST(FlashPlannerTest, StepKindAndDeviceChooseTheKernel) {
   EXPECT_FALSE(empty.prefill_only);
 
   constexpr int kSm80 = 80;
-  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
-  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, true, kSm80), KernelKind::Mixed);
-  EXPECT_EQ(choose_kernel(kWgmmaClass, true, false, true, kWgmmaSmVersion), KernelKind::Mixed);  // fp8 K/V
-  EXPECT_EQ(choose_kernel(64, false, false, true, kWgmmaSmVersion), KernelKind::Mixed);
-  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, false, kWgmmaSmVersion), KernelKind::Mixed);
-  EXPECT_EQ(choose_kernel(kWgmmaClass, false, true, false, kWgmmaSmVersion), KernelKind::DecodeOnly);
+  EXPECT_EQ(choose_kernel(128, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
+  EXPECT_EQ(choose_kernel(128, false, false, true, kSm80), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(128, true, false, true, kWgmmaSmVersion), KernelKind::Mixed);  // fp8 K/V
+  EXPECT_EQ(choose_kernel(64, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
+  EXPECT_EQ(choose_kernel(256, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
+  EXPECT_EQ(choose_kernel(128, false, false, false, kWgmmaSmVersion), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(128, false, true, false, kWgmmaSmVersion), KernelKind::DecodeOnly);
   EXPECT_EQ(choose_kernel(256, false, true, false, kWgmmaSmVersion), KernelKind::Mixed);
   // Batch-invariant plans: always the mixed kernel.
-  EXPECT_EQ(choose_kernel(kWgmmaClass, false, false, true, kWgmmaSmVersion, true), KernelKind::Mixed);
-  EXPECT_EQ(choose_kernel(kWgmmaClass, false, true, false, kWgmmaSmVersion, true), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(128, false, false, true, kWgmmaSmVersion, true), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(128, false, true, false, kWgmmaSmVersion, true), KernelKind::Mixed);
 }
 
 // A batch-invariant plan gives a request the same items alone and in a

@@ -596,8 +596,8 @@ int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream)
       return launch_attention<kHC, T, KvStore::Bits16, kDecodeOnly>(p, stream);
     };
     int rc = kLaunchOk;
-    if (p.kernel == KernelKind::WgmmaPrefill && kHC == kWgmmaClass) {
-      rc = launch_wgmma_prefill(p, std::is_same_v<T, half> ? DType::F16 : DType::BF16, stream);
+    if (p.kernel == KernelKind::WgmmaPrefill && has_wgmma_kernel(kHC)) {
+      rc = launch_wgmma_prefill<kHC>(p, std::is_same_v<T, half> ? DType::F16 : DType::BF16, stream);
     } else if (p.kernel == KernelKind::DecodeOnly && has_decode_only_kernel(kHC)) {
       if constexpr (has_decode_only_kernel(kHC)) rc = launch(std::true_type{});
     } else {

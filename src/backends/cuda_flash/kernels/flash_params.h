@@ -24,10 +24,11 @@ inline constexpr int kDecodeRows = 16;      // one 16-row MMA tile; the 4 warps 
 inline constexpr int kDecodeOnlyMaxClass = 128;
 inline constexpr int kDecodeOnlyCtasPerSm = 3;
 constexpr bool has_decode_only_kernel(int head_class) { return head_class > 0 && head_class <= kDecodeOnlyMaxClass; }
-// Prefill-only steps of head class kWgmmaClass with 16-bit K/V run, on sm_90
-// (Hopper, the sm_90a build), the warpgroup-MMA kernel: two warpgroups per
-// 128-row pass, kWgmmaCtasPerSm CTAs per multiprocessor.
-inline constexpr int kWgmmaClass = 128;
+// Prefill-only steps with 16-bit K/V run, on sm_90 (Hopper, the sm_90a
+// build), the warp-specialized warpgroup-MMA kernel of their head class: two
+// consumer warpgroups per 128-row pass and a producer, kWgmmaCtasPerSm CTAs
+// per multiprocessor.
+constexpr bool has_wgmma_kernel(int head_class) { return head_class == 64 || head_class == 128 || head_class == 256; }
 inline constexpr int kWgmmaCtasPerSm = 1;
 inline constexpr int kWgmmaSmVersion = 90;  // major * 10 + minor: sm_90a code runs on sm_90 only
 
@@ -47,7 +48,7 @@ constexpr KernelKind choose_kernel(int head_class, bool kv_fp8, bool decode_only
                                    int sm_version, bool batch_invariant = false) {
   if (batch_invariant) return KernelKind::Mixed;
   if (decode_only && has_decode_only_kernel(head_class)) return KernelKind::DecodeOnly;
-  if (prefill_only && !kv_fp8 && head_class == kWgmmaClass && sm_version == kWgmmaSmVersion) {
+  if (prefill_only && !kv_fp8 && has_wgmma_kernel(head_class) && sm_version == kWgmmaSmVersion) {
     return KernelKind::WgmmaPrefill;
   }
   return KernelKind::Mixed;

@@ -199,6 +199,20 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
   "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, " \
   "%58, %59, %60, %61, %62, %63}"
 
+#define PAGEDATTN_WG_D128                                                                    \
+  PAGEDATTN_WG_D64, PAGEDATTN_WG_D4(16), PAGEDATTN_WG_D4(17), PAGEDATTN_WG_D4(18), PAGEDATTN_WG_D4(19), \
+      PAGEDATTN_WG_D4(20), PAGEDATTN_WG_D4(21), PAGEDATTN_WG_D4(22), PAGEDATTN_WG_D4(23), PAGEDATTN_WG_D4(24), \
+      PAGEDATTN_WG_D4(25), PAGEDATTN_WG_D4(26), PAGEDATTN_WG_D4(27), PAGEDATTN_WG_D4(28), PAGEDATTN_WG_D4(29), \
+      PAGEDATTN_WG_D4(30), PAGEDATTN_WG_D4(31)
+#define PAGEDATTN_WG_REGS128 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, " \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, " \
+  "%108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, " \
+  "%123, %124, %125, %126, %127}"
 // One wgmma statement per operand type (`ty`: "f16" or "bf16", both operands).
 // SS: both operands from shared memory, K-major; scale_d "0" ignores the old D.
 #define PAGEDATTN_WG_SS(shape, regs, descs, ty, scale_d, ...)                                          \
@@ -207,10 +221,9 @@ __device__ __forceinline__ void wgmma_pin(float (&d)[kN][4]) {
                : __VA_ARGS__                                                                            \
                : "l"(desc_a), "l"(desc_b))
 // RS: A from registers, B from shared memory, MN-major (transposed).
-#define PAGEDATTN_WG_RS(ty)                                                                     \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." ty "." ty " " PAGEDATTN_WG_REGS64 \
-               ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"                                     \
-               : PAGEDATTN_WG_D64                                                               \
+#define PAGEDATTN_WG_RS(shape, regs, ops, ty, ...)                                             \
+  asm volatile("wgmma.mma_async.sync.aligned." shape ".f32." ty "." ty " " regs ", " ops ", 1, 1, 1, 1;\n" \
+               : __VA_ARGS__                                                                    \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
 // D[64 x 64] (+)= A[64 x 16] B[16 x 64]^T, both from shared memory, K-major
@@ -265,18 +278,44 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], std::uint
 #endif
 }
 
-// D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (an m16k16 A
+// D[64 x kN] += A[64 x 16] B[16 x kN], A from registers (an m16k16 A
 // fragment per warp, as mma.sync takes it), B from shared memory, MN-major
 // (O += P V of one 16-key step; V's rows are keys, head dims contiguous).
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const std::uint32_t (&a)[4],
-                                                    std::uint64_t desc_b) {
+// kN: the head class, 64, 128 or 256.
+template <typename T, int kN>
+__device__ __forceinline__ void wgmma_m64nk16_rs(float (&d)[kN / 8][4], const std::uint32_t (&a)[4],
+                                                 std::uint64_t desc_b) {
 #if PAGEDATTN_WGMMA_ENABLED
-  if constexpr (std::is_same_v<T, half>) {
-    PAGEDATTN_WG_RS("f16");
+  static_assert(kN == 64 || kN == 128 || kN == 256, "a head class");
+  constexpr bool kHalf = std::is_same_v<T, half>;
+#define PAGEDATTN_WG_RS64(ty) \
+  PAGEDATTN_WG_RS("m64n64k16", PAGEDATTN_WG_REGS32, "{%32, %33, %34, %35}, %36", ty, PAGEDATTN_WG_D32)
+#define PAGEDATTN_WG_RS128(ty) \
+  PAGEDATTN_WG_RS("m64n128k16", PAGEDATTN_WG_REGS64, "{%64, %65, %66, %67}, %68", ty, PAGEDATTN_WG_D64)
+#define PAGEDATTN_WG_RS256(ty) \
+  PAGEDATTN_WG_RS("m64n256k16", PAGEDATTN_WG_REGS128, "{%128, %129, %130, %131}, %132", ty, PAGEDATTN_WG_D128)
+  if constexpr (kN == 64) {
+    if constexpr (kHalf) {
+      PAGEDATTN_WG_RS64("f16");
+    } else {
+      PAGEDATTN_WG_RS64("bf16");
+    }
+  } else if constexpr (kN == 128) {
+    if constexpr (kHalf) {
+      PAGEDATTN_WG_RS128("f16");
+    } else {
+      PAGEDATTN_WG_RS128("bf16");
+    }
   } else {
-    PAGEDATTN_WG_RS("bf16");
+    if constexpr (kHalf) {
+      PAGEDATTN_WG_RS256("f16");
+    } else {
+      PAGEDATTN_WG_RS256("bf16");
+    }
   }
+#undef PAGEDATTN_WG_RS64
+#undef PAGEDATTN_WG_RS128
+#undef PAGEDATTN_WG_RS256
 #else
   (void)d, (void)a, (void)desc_b;
 #endif
@@ -287,6 +326,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[16][4], const std
 #undef PAGEDATTN_WG_W4
 #undef PAGEDATTN_WG_W32
 #undef PAGEDATTN_WG_D64
+#undef PAGEDATTN_WG_D128
+#undef PAGEDATTN_WG_REGS128
 #undef PAGEDATTN_WG_W64
 #undef PAGEDATTN_WG_REGS32
 #undef PAGEDATTN_WG_REGS64

@@ -5,10 +5,11 @@
 
 namespace pagedattn::cuda_flash {
 
-int launch_wgmma_prefill(const FlashParams& params, DType dtype, void* stream) {
+template <>
+int launch_wgmma_prefill<128>(const FlashParams& params, DType dtype, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (dtype == DType::F16) return detail::launch_wgmma_kernel<half>(params, s);
-  if (dtype == DType::BF16) return detail::launch_wgmma_kernel<__nv_bfloat16>(params, s);
+  if (dtype == DType::F16) return detail::launch_wgmma_kernel<128, half>(params, s);
+  if (dtype == DType::BF16) return detail::launch_wgmma_kernel<128, __nv_bfloat16>(params, s);
   return kLaunchUnsupportedDType;
 }
 

@@ -1,5 +1,5 @@
-// The Hopper prefill kernel of CUDA_FLASH (sm_90a, head class 128, 16-bit
-// K/V), warp-specialized as FlashAttention-3: a producer warpgroup copies
+// The Hopper prefill kernel of CUDA_FLASH (sm_90a, head classes 64, 128 and
+// 256, 16-bit K/V), warp-specialized as FlashAttention-3: a producer warpgroup copies
 // each pass's queries and its K and V tiles of kTileKeys keys from the paged
 // cache into 128-byte swizzled shared memory (cp.async, one page run per
 // thread: a page table rules out one bulk copy per tile), and two consumer
@@ -46,10 +46,13 @@ inline constexpr int kConsumerRegs = 224;
 // Shared memory: alignment slack (swizzled tiles start on 1024-byte atoms),
 // Q [128 rows, kHC dims], then kStages K tiles and kStages V tiles [kTileKeys
 // keys, kHC dims] (all swizzled, 64-dim panels), then the mbarriers.
+// Class 256 takes 64-key tiles: its O accumulators alone are 128 registers a
+// thread, and its tiles fill shared memory at that size (192 KiB).
+template <int kHeadClass>
 struct WgmmaLayout {
-  static constexpr int kHC = kWgmmaClass;
-  static constexpr int kTileKeys = 128;  // keys per K/V tile: N of S = Q K^T
-  static constexpr int kStages = 2;      // K (and V) tile buffers
+  static constexpr int kHC = kHeadClass;
+  static constexpr int kTileKeys = kHC > 128 ? 64 : 128;  // keys per K/V tile: N of S = Q K^T
+  static constexpr int kStages = 2;                       // K (and V) tile buffers
   static constexpr int kChunks = kHC / kChunkElems;
   static constexpr int kKeysPerRun = kTileKeys * kChunks / kWarpgroupThreads;
   static constexpr int kQBytes = kPrefillRows * kHC * 2;
@@ -59,13 +62,14 @@ struct WgmmaLayout {
   static constexpr int kBarriers = 2 + 4 * kStages;
   static constexpr int kSmemBytes =
       kSwizzleAtomBytes + kQBytes + 2 * kKBytes + kBarriers * static_cast<int>(sizeof(std::uint64_t));
+  static constexpr std::uint32_t kPanelStride = kTileKeys * kSwizzleBytes;  // 64-dim panels of a K or V tile
   static_assert(kWarpgroupThreads % kChunks == 0, "a thread's column must not change between its keys");
+  static_assert(has_wgmma_kernel(kHC), "a head class with a wgmma kernel");
 };
 
 // Descriptor offsets of the swizzled tiles: 8-row atoms are 1024 B apart; the
 // 64-dim panels of a K or V tile are kTileKeys rows apart, of Q kPrefillRows.
 inline constexpr std::uint32_t kAtomStride = kSwizzleAtomBytes;
-inline constexpr std::uint32_t kPanelStride = WgmmaLayout::kTileKeys * kSwizzleBytes;
 inline constexpr std::uint32_t kQPanelStride = kPrefillRows * kSwizzleBytes;
 inline constexpr int kKStepsPerPanel = kSwizzleElems / kWgmmaK;
 // Named barriers of the ping-pong: consumer warpgroup w waits on kTurnBarrier + w.
@@ -93,9 +97,9 @@ struct PassTiles {
   int steps;      // tiles run: a pass without keys runs one, zero-filled and masked
 };
 
+template <int kN>
 __device__ __forceinline__ PassTiles pass_tiles(const FlashParams& p, const WorkItem& item, int group, int row0,
                                                 int rows) {
-  constexpr int kN = WgmmaLayout::kTileKeys;
   const PassRange range = pass_range(p, item, group, row0, rows);
   const int tile_lo = range.kv_lo - range.kv_lo % kN;
   const int num_tiles = range.kv_hi > range.kv_lo ? (range.kv_hi - tile_lo + kN - 1) / kN : 0;
@@ -113,10 +117,10 @@ __device__ __forceinline__ void for_each_pass(const WorkItem& item, int group, F
 // the queries into the Q buffer once the previous pass has released it, then
 // each tile's K and V into their buffers once released. Every thread arrives
 // on a `full` barrier when its own copies land (cp.async's mbarrier arrive).
-template <typename T>
+template <int kHC, typename T>
 __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
                               const WgmmaBarriers& bars) {
-  using L = WgmmaLayout;
+  using L = WgmmaLayout<kHC>;
   const int tid = static_cast<int>(threadIdx.x) - kWgmmaConsumerThreads;
   const int my_ch = tid % L::kChunks;
   const int my_run = tid / L::kChunks;
@@ -134,7 +138,7 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
       }
       cp_async_arrive(bars.q_full);
 
-      const PassTiles pt = pass_tiles(p, item, group, row0, rows);
+      const PassTiles pt = pass_tiles<L::kTileKeys>(p, item, group, row0, rows);
       const KvRunWalker<L::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
                                                              my_ch, my_run, 2);
       RunStart run = walker.locate(0);
@@ -217,11 +221,10 @@ __device__ __forceinline__ void wgmma_store_rows(const FlashParams& p, const Wor
 // two warpgroups take turns to issue their MMAs (named barriers), so each
 // one's softmax runs under the other's MMAs. K of tile t is released as soon
 // as S of t has retired, V after P V; the queries after the pass's last S.
-template <typename T>
+template <int kHC, typename T>
 __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
                               const WgmmaBarriers& bars) {
-  using L = WgmmaLayout;
-  constexpr int kHC = L::kHC;
+  using L = WgmmaLayout<kHC>;
   constexpr int kNT = L::kTileKeys / 8;  // 8-key n-tiles of S
   constexpr int kDT = kHC / 8;           // 8-dim n-tiles of O
   constexpr int kPvSteps = L::kTileKeys / kWgmmaK;
@@ -242,7 +245,7 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
   int pass = 0;
   for_each_unit(p, [&](const WorkItem& item, int kv_head, int group, int) {
     for_each_pass(item, group, [&](int row0, int rows) {
-      const PassTiles pt = pass_tiles(p, item, group, row0, rows);
+      const PassTiles pt = pass_tiles<L::kTileKeys>(p, item, group, row0, rows);
       const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
       const int warp_pos_hi = item.position_begin + (row0 + row_base + kMmaRows - 1) / group;
       const auto buf_of = [&](int t) { return (seq + t) % L::kStages; };
@@ -262,11 +265,19 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
           const auto step = static_cast<std::uint32_t>((kk % kKStepsPerPanel) * kWgmmaK * 2);
           const auto panel = static_cast<std::uint32_t>(kk / kKStepsPerPanel);
           const std::uint64_t dq = smem_desc(q_addr + panel * kQPanelStride + step, kChunkBytes, kAtomStride);
-          const std::uint64_t dk = smem_desc(k_addr + panel * kPanelStride + step, kChunkBytes, kAtomStride);
-          if (kk == 0) {
-            wgmma_m64n128k16_ss<T, true>(s, dq, dk);
+          const std::uint64_t dk = smem_desc(k_addr + panel * L::kPanelStride + step, kChunkBytes, kAtomStride);
+          if constexpr (L::kTileKeys == 128) {
+            if (kk == 0) {
+              wgmma_m64n128k16_ss<T, true>(s, dq, dk);
+            } else {
+              wgmma_m64n128k16_ss<T, false>(s, dq, dk);
+            }
           } else {
-            wgmma_m64n128k16_ss<T, false>(s, dq, dk);
+            if (kk == 0) {
+              wgmma_m64n64k16_ss<T, true>(s, dq, dk);
+            } else {
+              wgmma_m64n64k16_ss<T, false>(s, dq, dk);
+            }
           }
         }
         wgmma_commit();
@@ -278,8 +289,8 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
 #pragma unroll
         for (int kk = 0; kk < kPvSteps; ++kk) {
           const std::uint64_t dv =
-              smem_desc(v_addr + static_cast<std::uint32_t>(kk * kWgmmaK * kSwizzleBytes), kPanelStride, kAtomStride);
-          wgmma_m64n128k16_rs<T>(o, a[kk], dv);
+              smem_desc(v_addr + static_cast<std::uint32_t>(kk * kWgmmaK * kSwizzleBytes), L::kPanelStride, kAtomStride);
+          wgmma_m64nk16_rs<T, kHC>(o, a[kk], dv);
         }
         wgmma_commit();
       };
@@ -349,10 +360,10 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
   });
 }
 
-template <typename T>
+template <int kHC, typename T>
 __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_kernel(const FlashParams p) {
 #if PAGEDATTN_WGMMA_ENABLED
-  using L = WgmmaLayout;
+  using L = WgmmaLayout<kHC>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Swizzled tiles need 1024-byte aligned addresses (the swizzle reads
   // address bits); the layout reserves the slack.
@@ -377,21 +388,21 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
   __syncthreads();
   if (static_cast<int>(threadIdx.x) / kWarpgroupThreads == kWgmmaProducerWg) {
     setmaxnreg_dec<kProducerRegs>();
-    wgmma_produce<T>(p, q_s, k_s, v_s, bars);
+    wgmma_produce<kHC, T>(p, q_s, k_s, v_s, bars);
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    wgmma_consume<T>(p, q_s, k_s, v_s, bars);
+    wgmma_consume<kHC, T>(p, q_s, k_s, v_s, bars);
   }
 #else
   (void)p;
 #endif
 }
 
-template <typename T>
+template <int kHC, typename T>
 int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
   static std::atomic<std::uint64_t> configured{0};
-  return launch_over_items(wgmma_prefill_kernel<T>, kWgmmaThreads, WgmmaLayout::kSmemBytes, configured, p, stream,
-                           p.num_sms * kWgmmaCtasPerSm);
+  return launch_over_items(wgmma_prefill_kernel<kHC, T>, kWgmmaThreads, WgmmaLayout<kHC>::kSmemBytes, configured, p,
+                           stream, p.num_sms * kWgmmaCtasPerSm);
 }
 
 }  // namespace pagedattn::cuda_flash::detail

@@ -7,8 +7,8 @@
 // (the kernel zero-pads the rest), so any multiple of 8 up to 256 is served by
 // three classes. Each class is compiled in its own translation unit
 // (flash_hd<N>.cu) so the CUDA build parallelizes and stays small. Plus the
-// sm_90a wgmma prefill kernel of class kWgmmaClass x {f16, bf16}, 16-bit K/V
-// only (flash_wgmma_hd128.cu).
+// sm_90a wgmma prefill kernels of every class x {f16, bf16}, 16-bit K/V only
+// (flash_wgmma_hd<N>.cu).
 #pragma once
 
 #include <pagedattn/backend/scalar.h>
@@ -25,9 +25,15 @@ namespace pagedattn::cuda_flash {
 PAGEDATTN_FLASH_HEAD_CLASSES(PAGEDATTN_FLASH_DECLARE_CLASS)
 #undef PAGEDATTN_FLASH_DECLARE_CLASS
 
-// The wgmma prefill kernel (class kWgmmaClass, f16 and bf16, 16-bit K/V),
-// compiled for sm_90a only (flash_wgmma_hd128.cu); launched by launch_class
-// when choose_kernel picks KernelKind::WgmmaPrefill.
+// The wgmma prefill kernels (f16 and bf16, 16-bit K/V), compiled for sm_90a
+// only (flash_wgmma_hd<N>.cu); launched by launch_class when choose_kernel
+// picks KernelKind::WgmmaPrefill.
+template <int kHeadClass>
 int launch_wgmma_prefill(const FlashParams& params, DType dtype, void* stream);
+#define PAGEDATTN_FLASH_DECLARE_WGMMA(hc) \
+  template <>                             \
+  int launch_wgmma_prefill<hc>(const FlashParams& params, DType dtype, void* stream);
+PAGEDATTN_FLASH_HEAD_CLASSES(PAGEDATTN_FLASH_DECLARE_WGMMA)
+#undef PAGEDATTN_FLASH_DECLARE_WGMMA
 
 }  // namespace pagedattn::cuda_flash
