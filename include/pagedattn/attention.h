@@ -121,6 +121,10 @@ struct AttentionOptions {
   // Chunked local attention (Llama 4): a query sees only keys of its own
   // chunk of this many tokens; a positive multiple of the block size.
   std::optional<int> attention_chunk_size{};
+  // PrefixLM (vLLM's use_mm_prefix, set for is_mm_prefix_lm models): queries
+  // inside the step's mm_prefix_ranges see their whole range (selector
+  // filter); causal decoder layers without attention_chunk_size only.
+  bool use_mm_prefix = false;
 };
 
 class Attention {
@@ -186,6 +190,7 @@ class Attention {
   float scale() const { return scale_; }
   std::optional<int> sliding_window() const { return sliding_window_; }
   std::optional<int> attention_chunk_size() const { return impl_->params().attention_chunk_size; }
+  bool use_mm_prefix() const { return impl_->params().use_mm_prefix; }
   CacheDType kv_cache_dtype() const { return kv_cache_dtype_; }
   DType kv_cache_storage_dtype() const;
   int block_size() const { return block_size_; }

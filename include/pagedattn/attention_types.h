@@ -102,6 +102,9 @@ struct AttentionImplParams {
   // Chunked local attention: the step's metadata must have been split by
   // this chunk size (make_local_attention_virtual_batches).
   std::optional<int> attention_chunk_size;
+  // PrefixLM (vLLM's use_mm_prefix): the step's mm_prefix_ranges widen the
+  // causal mask; a layer without it refuses metadata that has ranges.
+  bool use_mm_prefix = false;
   DType dtype = DType::BF16;  // model (activation) dtype
   Device device = Device::cpu();
 };

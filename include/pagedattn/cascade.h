@@ -27,13 +27,13 @@ inline constexpr int kCascadeMinRequests = 8;
 int common_prefix_blocks(const CommonAttentionMetadata& common);
 
 // Whether a layer's attention can run as a cascade: decoder attention over
-// the cache without a window, ALiBi, sinks or chunking (each depends on the
-// query's position or must be counted once, which the prefix pass, one
-// non-causal request for all queries, cannot honour).
+// the cache without a window, ALiBi, sinks, chunking or PrefixLM ranges (each
+// depends on the query's position or must be counted once, which the prefix
+// pass, one non-causal request for all queries, cannot honour).
 bool cascade_applies(const AttentionImplParams& params);
 
 // The heuristic: at least kCascadeMinPrefixTokens shared tokens and
-// kCascadeMinRequests requests, in a causal step.
+// kCascadeMinRequests requests, in a causal step without PrefixLM ranges.
 bool cascade_pays(const CommonAttentionMetadata& common, int prefix_blocks);
 
 // The step's two parts, each a valid step of its own:
@@ -43,7 +43,8 @@ bool cascade_pays(const CommonAttentionMetadata& common, int prefix_blocks);
 //   suffix  each request over its keys after the prefix (its block-table
 //           row from entry prefix_blocks on), causal
 // Both keep the step's slot mapping. Throws InvalidArgument when
-// prefix_blocks exceeds common_prefix_blocks(common) or is < 1.
+// prefix_blocks exceeds common_prefix_blocks(common) or is < 1, and on a
+// step with PrefixLM ranges.
 struct CascadeSplit {
   CommonAttentionMetadata prefix;
   CommonAttentionMetadata suffix;

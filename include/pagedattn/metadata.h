@@ -40,6 +40,15 @@ struct StepFacts {
   int longest_seq = 0;
 };
 
+// A PrefixLM range (vLLM's mm_prefix_range, e.g. one image's tokens):
+// positions [start, end) of a request whose queries see every key of the
+// range, future ones included (docs/semantics.md). vLLM's (first, last)
+// pairs are inclusive: [first, last + 1) here.
+struct MmPrefixRange {
+  std::int32_t start = 0;
+  std::int32_t end = 0;
+};
+
 // For request r: q_len = query_start_loc[r+1] - query_start_loc[r]; its query
 // tokens are the last q_len positions of its seq_lens[r] tokens. Tokens at
 // index >= num_actual_tokens (padding) are neither attended nor written.
@@ -54,6 +63,14 @@ struct CommonAttentionMetadata {
   Tensor block_table_cpu;      // [B, max_blocks_per_seq] i32
   // Cross-attention only: encoder lengths per request (keys of the layer).
   std::optional<Tensor> encoder_seq_lens_cpu;  // [B] i32
+  // PrefixLM ranges (set_mm_prefix_ranges), causal decoder steps only, all
+  // four defined or none: request r's ranges are rows
+  // [mm_prefix_range_start_loc[r], mm_prefix_range_start_loc[r + 1]) of
+  // mm_prefix_ranges, sorted, disjoint and within [0, seq_lens[r]].
+  Tensor mm_prefix_range_start_loc;      // [B + 1] i32, on the compute device
+  Tensor mm_prefix_ranges;               // [R, 2] i32 (start, end), on the compute device
+  Tensor mm_prefix_range_start_loc_cpu;  // [B + 1] i32
+  Tensor mm_prefix_ranges_cpu;           // [R, 2] i32
 
   int num_reqs = 0;
   int num_actual_tokens = 0;  // = query_start_loc[B]
@@ -72,11 +89,15 @@ struct CommonAttentionMetadata {
   int query_len(int r) const;
   int seq_len(int r) const { return seq_lens_host()[static_cast<std::size_t>(r)]; }
   int context_len(int r) const { return seq_len(r) - query_len(r); }
+  bool has_mm_prefix_ranges() const { return mm_prefix_ranges_cpu.defined(); }
+  // Request r's PrefixLM ranges as (start, end) pairs, [2 n] (empty without ranges).
+  std::span<const std::int32_t> mm_prefix_ranges_host(int r) const;
 
   // Checks the internal consistency of every field (monotonic query_start_loc,
   // seq_len >= q_len, shapes, dtypes, devices, block ids and slots within
-  // num_blocks when num_blocks > 0) and throws InvalidArgument naming the
-  // first offending field. Returns what it learned about the block ids and
+  // num_blocks when num_blocks > 0, PrefixLM ranges sorted, disjoint and
+  // within their sequences) and throws InvalidArgument naming the first
+  // offending field. Returns what it learned about the block ids and
   // lengths (check_block_ids compares those with a cache in O(1)).
   StepFacts validate(std::string_view where, std::int64_t num_blocks = 0) const;
 
@@ -95,6 +116,9 @@ struct RequestSpec {
   int query_len = 0;
   int seq_len = 0;                  // context + query tokens
   std::vector<std::int32_t> blocks;  // physical block ids, at least ceil(seq_len / block_size)
+  // PrefixLM ranges: sorted, disjoint, within [0, seq_len]; causal decoder
+  // steps only (set_mm_prefix_ranges).
+  std::vector<MmPrefixRange> mm_prefix_ranges{};
 };
 
 struct MetadataOptions {
@@ -106,8 +130,10 @@ struct MetadataOptions {
 };
 
 // Builds the metadata and the slot mapping of the query tokens
-// (slot = block_table[r][pos / BS] * BS + pos % BS). Throws InvalidArgument on
-// a query_len > seq_len, a negative length, or too few blocks for seq_len.
+// (slot = block_table[r][pos / BS] * BS + pos % BS), and the PrefixLM ranges
+// when any request has some. Throws InvalidArgument on a query_len >
+// seq_len, a negative length, too few blocks for seq_len, or ranges
+// set_mm_prefix_ranges rejects.
 CommonAttentionMetadata make_common_metadata(std::span<const RequestSpec> requests, const MetadataOptions& options);
 
 // Cross-attention metadata for a decoder step: queries as in `requests`, keys
@@ -127,6 +153,17 @@ void set_requests(CommonAttentionMetadata& md, std::span<const std::int32_t> que
                   std::span<const std::int32_t> seq_lens, std::span<const std::int32_t> block_table,
                   std::int64_t stride);
 
+// Sets the step's PrefixLM ranges (host arrays and their copies on the
+// metadata's device) from CSR arrays: request r's ranges are pairs
+// [start_loc[r], start_loc[r + 1]) of `ranges`, each [start, end) with
+// 0 <= start < end <= seq_lens[r], sorted and disjoint. Throws
+// InvalidArgument naming the first bad entry, leaving `md` unchanged, also
+// on a non-causal or cross-attention step.
+//   start_loc  [B + 1]
+//   ranges     [R * 2] row-major (start, end) pairs
+void set_mm_prefix_ranges(CommonAttentionMetadata& md, std::span<const std::int32_t> start_loc,
+                          std::span<const std::int32_t> ranges);
+
 // Chunked local attention (Llama 4's attention_chunk_size, vLLM's
 // make_local_attention_virtual_batches): a query at position p sees only
 // keys j with floor(j / C) == floor(p / C) (and j <= p when causal). Each
@@ -136,7 +173,8 @@ void set_requests(CommonAttentionMetadata& md, std::span<const std::int32_t> que
 // within a virtual request are shifted by the chunk start, which no
 // semantics depend on (window, ALiBi and sinks are translation invariant).
 // Validates `common` first; throws InvalidArgument unless chunk_size is a
-// positive multiple of common.block_size, and on cross-attention metadata.
+// positive multiple of common.block_size, and on cross-attention metadata or
+// metadata with PrefixLM ranges (the two do not compose).
 //   result.block_table  [B', chunk_size / block_size]: each row the chunk's
 //                       entries of its request's row (0 past its keys)
 CommonAttentionMetadata make_local_attention_virtual_batches(const CommonAttentionMetadata& common, int chunk_size);

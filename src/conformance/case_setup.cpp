@@ -60,6 +60,16 @@ void validate_case(const ConformanceCase& c) {
     check_arg(c.attn_type == AttentionType::Decoder, where, "attention_chunk_size", "only with decoder attention",
               attention_type_name(c.attn_type));
   }
+  const std::size_t ranged = c.batch.mm_prefix_ranges.size();
+  check_arg(ranged == 0 || ranged == c.batch.requests.size(), where, "batch mm_prefix_ranges size",
+            fmt::format("0 or the number of requests ({})", c.batch.requests.size()), ranged);
+  if (c.mm_prefix) {
+    check_arg(c.attn_type == AttentionType::Decoder && c.causal, where, "mm_prefix",
+              "only with causal decoder attention", attention_type_name(c.attn_type));
+    check_arg(ranged > 0, where, "mm_prefix", "a batch with mm_prefix_ranges", c.batch.name);
+    check_arg(!c.attention_chunk_size && c.shared_prefix == 0, where, "mm_prefix",
+              "not with attention_chunk_size or shared_prefix", "both set");
+  }
   for (const auto& [q, s] : c.batch.requests) {
     check_arg(q >= 0 && s >= 0, where, "batch lengths", "non-negative", fmt::format("({}, {})", q, s));
     if (c.attn_type == AttentionType::Decoder)
@@ -81,6 +91,7 @@ std::optional<std::string> skip_reason(const AttentionBackend& backend, const Co
   cfg.use_per_head_quant_scales = c.per_head_kv_scales;
   cfg.attn_type = c.attn_type;
   cfg.use_non_causal = c.attn_type == AttentionType::Decoder && !c.causal;
+  cfg.use_mm_prefix = c.mm_prefix;
   cfg.device = device;
   cfg.capability = device_capability(device);
   std::vector<std::string> reasons = backend.validate_configuration(cfg);

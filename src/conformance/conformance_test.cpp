@@ -143,6 +143,64 @@ TEST(ConformanceGridTest, CoversChunkedLocalAttentionAcrossChunkBoundaries) {
   }
 }
 
+// PrefixLM ranges where they matter, at every dtype, plain and with the
+// scoring features: prefill queries inside a range that reaches past their
+// diagonal, two ranges in one request, a range crossing the context /
+// new-token boundary, ranges ending on a key-tile edge and mid-tile, a
+// decode-only step with ranges, and a split request with one.
+TEST(ConformanceGridTest, CoversPrefixLmRanges) {
+  struct Ranged {
+    int q, k;
+    const std::vector<MmPrefixRange>& ranges;
+  };
+  const auto covered = [&](auto pred) {
+    return std::any_of(grid().begin(), grid().end(), [&](const ConformanceCase& c) {
+      if (!c.mm_prefix) return false;
+      for (std::size_t r = 0; r < c.batch.requests.size(); ++r) {
+        const auto [q, k] = c.batch.requests[r];
+        if (pred(c, Ranged{q, k, c.batch.mm_prefix_ranges[r]})) return true;
+      }
+      return false;
+    });
+  };
+  const auto any_range = [](const Ranged& r, auto pred) {
+    return std::any_of(r.ranges.begin(), r.ranges.end(), pred);
+  };
+  const auto decode_only = [](const ConformanceCase& c) {
+    return std::all_of(c.batch.requests.begin(), c.batch.requests.end(), [](const auto& r) { return r.first == 1; });
+  };
+  constexpr int kTile = cuda_flash::kBlockN;
+  for (const DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    for (const bool features : {false, true}) {
+      const auto with = [&](const ConformanceCase& c) {
+        return c.dtype == dt && (c.sliding_window && c.alibi && c.sinks) == features;
+      };
+      const std::string what = fmt::format("{}{}: ", dtype_name(dt), features ? " with features" : "");
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, const Ranged& r) {
+        return with(c) && r.q > 1 && any_range(r, [&](const MmPrefixRange& m) { return m.end > r.k - r.q + 1; });
+      })) << what << "prefill queries inside a range past their diagonal";
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, const Ranged& r) { return with(c) && r.ranges.size() >= 2; }))
+          << what << "two ranges in a request";
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, const Ranged& r) {
+        return with(c) && r.q > 1 && r.q < r.k &&
+               any_range(r, [&](const MmPrefixRange& m) { return m.start < r.k - r.q && m.end > r.k - r.q; });
+      })) << what << "a range across the context boundary";
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, const Ranged& r) {
+        return with(c) && any_range(r, [](const MmPrefixRange& m) { return m.end % kTile == 0; });
+      })) << what << "a range ending on a key-tile edge";
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, const Ranged& r) {
+        return with(c) && any_range(r, [](const MmPrefixRange& m) { return m.end % kTile != 0; });
+      })) << what << "a range ending mid-tile";
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, const Ranged& r) {
+        return with(c) && decode_only(c) && !r.ranges.empty();
+      })) << what << "a decode-only step with ranges";
+      EXPECT_TRUE(covered([&](const ConformanceCase& c, const Ranged& r) {
+        return with(c) && r.q <= cpu_attn::kSplitMaxQueryTokens && r.k > cpu_attn::kSplitKeys && !r.ranges.empty();
+      })) << what << "a split request with a range";
+    }
+  }
+}
+
 // Cascade: for every dtype, shared prefixes that are planned as cascades
 // (plain and with a soft cap) and ones the builder must decline (a window,
 // ALiBi or sinks; a prefix under the heuristic's minimum).
@@ -204,7 +262,8 @@ TEST(ConformanceReferenceTest, FeatureSamplesPass) {
                                "alibi",     "sinks",          "strided",
                                "padded",    ",lse",           "noncausal",
                                "[encoder,", "[encoder_only,", "[encoder_decoder,",
-                               "h32/8",     "block_edges",    "large_decode_div16"}) {
+                               "h32/8",     "block_edges",    "large_decode_div16",
+                               "mm_prefix"}) {
     const ConformanceCase& c = first_case_with(fragment);
     const CaseResult r = run_conformance_case(kReference, c);
     EXPECT_EQ(r.status, CaseStatus::Passed) << c.id() << ": " << r.message;

@@ -50,6 +50,19 @@ std::vector<BatchSpec> make_batch_specs() {
       // Chunked local attention: prefills whose queries span chunk boundaries
       // (of 48, 64 and 128 tokens) beside decodes past the first chunk.
       {"chunk_edges", {{70, 130}, {1, 129}, {33, 96}, {1, 48}, {50, 200}}},
+      // PrefixLM: a fresh prefill with two ranges (one ending on the 64-key
+      // tile edge, one mid-tile); chunked prefills whose ranges cross the
+      // context / new-token boundary (one starting right on it); a decode
+      // past a range; a speculative step inside one that ends with the
+      // sequence; a range reaching further back than a 64-key window.
+      {"mm_edges",
+       {{80, 80}, {40, 100}, {1, 120}, {4, 90}, {32, 160}, {16, 200}},
+       {{{5, 64}, {70, 77}}, {{50, 90}}, {{10, 50}}, {{80, 90}}, {{128, 160}}, {{20, 196}}}},
+      // A decode-only step: each token plain causal, inside a range or not.
+      {"mm_decode", {{1, 120}, {1, 70}, {1, 33}, {1, 100}}, {{{10, 50}}, {{60, 70}}, {}, {{0, 30}, {40, 99}}}},
+      // Ranges in requests past the split thresholds (split_edges): CPU_ATTN
+      // splits the 8-token step's keys, CUDA_FLASH the 3-token one's.
+      {"mm_split", {{8, 3073}, {3, 600}, {1, 1700}}, {{{3066, 3073}}, {{590, 600}}, {{1000, 1700}}}},
       // Cascade: 8 requests (decodes, speculative steps, a short prefill)
       // whose contexts all hold at least 256 tokens, for a shared prefix.
       {"shared_prefix", {{1, 300}, {1, 412}, {3, 290}, {1, 520}, {9, 280}, {1, 357}, {2, 333}, {1, 270}}},
@@ -105,6 +118,7 @@ std::string feature_id(const ConformanceCase& c) {
   if (!c.causal && c.attn_type == AttentionType::Decoder) s += ",noncausal";
   if (c.sliding_window) s += fmt::format(",win={}", *c.sliding_window);
   if (c.attention_chunk_size) s += fmt::format(",chunk={}", *c.attention_chunk_size);
+  if (c.mm_prefix) s += ",mm_prefix";
   if (c.shared_prefix > 0) s += fmt::format(",prefix={}", c.shared_prefix);
   if (c.soft_cap) s += fmt::format(",cap={}", *c.soft_cap);
   if (c.scale) s += fmt::format(",scale={}", *c.scale);
@@ -201,6 +215,8 @@ constexpr std::array kLongBatches{"mixed_medium_div8", "single_prefill_div8", "m
                                   "medium_decode_div4"};
 // Chunked local attention: boundaries inside prefills, and the long batches.
 constexpr std::array kChunkBatches{"chunk_edges", "single_prefill_div8", "chunk_edges", "mixed_medium_div8"};
+// PrefixLM: ranges on tile edges and across the context, decode-only, split.
+constexpr std::array kMmPrefixBatches{"mm_edges", "mm_decode", "mm_split", "mm_edges"};
 constexpr std::array kEncoderBatches{"encoder_small", "encoder_long"};
 constexpr std::array kCrossBatches{"cross_small", "cross_prefill"};
 
@@ -600,6 +616,16 @@ std::vector<ConformanceCase> conformance_grid() {
     c.alibi = true;
     c.sinks = true;
   }, kChunkBatches);
+  // PrefixLM ranges, alone and with every scoring feature on top.
+  feature_sweep(g, 7, [](ConformanceCase& c) { c.mm_prefix = true; }, kMmPrefixBatches);
+  feature_sweep(g, 8, [](ConformanceCase& c) {
+    c.mm_prefix = true;
+    c.sliding_window = kWindow;
+    c.soft_cap = kSoftCap;
+    c.scale = kSoftCapScale;
+    c.alibi = true;
+    c.sinks = true;
+  }, kMmPrefixBatches);
   cascade_sweep(g);
   fp8_sweep(g);
   io_sweep(g);

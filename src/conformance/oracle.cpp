@@ -22,7 +22,8 @@ constexpr Tolerance kF16Tolerance{5e-3, 5e-3};
 constexpr Tolerance kBF16Tolerance{1.5e-2, 1e-2};  // vLLM's test_flash_attn / test_triton_unified_attention
 constexpr Tolerance kLseTolerance{2e-3, 1e-3};
 
-bool key_visible(const OracleProblem& pb, int pos, int j) {
+// The mask without PrefixLM ranges.
+bool masked_visible(const OracleProblem& pb, int pos, int j) {
   if (pb.attn_type == AttentionType::Decoder && pb.causal && j > pos) return false;
   if (pb.attn_type == AttentionType::Decoder && pb.attention_chunk_size &&
       j / *pb.attention_chunk_size != pos / *pb.attention_chunk_size) {
@@ -34,6 +35,15 @@ bool key_visible(const OracleProblem& pb, int pos, int j) {
   return std::abs(pos - j) <= w - 1;
 }
 
+// vLLM's rule, FlexAttention's or_masks: (causal and window) or (query and
+// key in one PrefixLM range).
+bool key_visible(const OracleProblem& pb, const OracleRequest& rq, int pos, int j) {
+  if (masked_visible(pb, pos, j)) return true;
+  return std::any_of(rq.mm_prefix_ranges.begin(), rq.mm_prefix_ranges.end(), [&](const MmPrefixRange& r) {
+    return r.start <= pos && pos < r.end && r.start <= j && j < r.end;
+  });
+}
+
 void check_request(const OracleProblem& pb, const OracleRequest& rq, std::size_t index) {
   const auto q_elems = static_cast<std::size_t>(rq.query_len) * pb.num_heads * pb.head_size;
   const auto kv_elems = static_cast<std::size_t>(rq.kv_len) * pb.num_kv_heads * pb.head_size;
@@ -43,6 +53,14 @@ void check_request(const OracleProblem& pb, const OracleRequest& rq, std::size_t
   check_arg(rq.query.size() == q_elems, kOracleWhere, name + ".query.size()", q_elems, rq.query.size());
   check_arg(rq.key.size() == kv_elems, kOracleWhere, name + ".key.size()", kv_elems, rq.key.size());
   check_arg(rq.value.size() == kv_elems, kOracleWhere, name + ".value.size()", kv_elems, rq.value.size());
+  if (rq.mm_prefix_ranges.empty()) return;
+  check_arg(pb.attn_type == AttentionType::Decoder && pb.causal && !pb.attention_chunk_size, kOracleWhere,
+            name + ".mm_prefix_ranges", "only with causal decoder attention without chunking",
+            fmt::format("{} ranges", rq.mm_prefix_ranges.size()));
+  for (const MmPrefixRange& r : rq.mm_prefix_ranges) {
+    check_arg(r.start >= 0 && r.start < r.end && r.end <= rq.kv_len, kOracleWhere, name + ".mm_prefix_ranges",
+              fmt::format("ranges within [0, {}]", rq.kv_len), fmt::format("[{}, {})", r.start, r.end));
+  }
 }
 
 std::string describe_index(const OracleOutput& ex, std::size_t flat, bool lse) {
@@ -135,7 +153,7 @@ OracleOutput dense_attention(const OracleProblem& pb) {
         const float* q = &rq.query[(static_cast<std::size_t>(i) * H + h) * D];
         for (int j = 0; j < N; ++j) {
           double& s = scores[static_cast<std::size_t>(i) * N + j];
-          if (!key_visible(pb, pos, j)) {
+          if (!key_visible(pb, rq, pos, j)) {
             s = kNegInf;
             continue;
           }

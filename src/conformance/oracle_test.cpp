@@ -81,6 +81,22 @@ TEST(OracleTest, DecoderWindowKeepsWKeysIncludingSelf) {
   EXPECT_NEAR(out.output[1], (4.0 + 5.0) / 2, kEps);  // keys 3, 4
 }
 
+TEST(OracleTest, PrefixLmRangesSeeTheirWholeRange) {
+  OracleProblem pb = problem(1, 1, 1);
+  OracleRequest rq = counting_request(4, 6);  // positions 2..5
+  rq.mm_prefix_ranges = {{1, 4}};
+  pb.requests.push_back(rq);
+  const OracleOutput out = dense_attention(pb);
+  EXPECT_NEAR(out.output[0], 2.5, kEps);  // position 2: keys 0..3, one past its diagonal
+  EXPECT_NEAR(out.output[1], 2.5, kEps);  // position 3: keys 0..3
+  EXPECT_NEAR(out.output[2], 3.0, kEps);  // position 4, outside: keys 0..4
+  // The window bounds the causal part only: position 2 sees key 2 and the range.
+  pb.sliding_window = 1;
+  EXPECT_NEAR(dense_attention(pb).output[0], (2.0 + 3.0 + 4.0) / 3, kEps);
+  pb.causal = false;
+  EXPECT_THROW(dense_attention(pb), Error);
+}
+
 TEST(OracleTest, EncoderWindowIsSymmetric) {
   OracleProblem pb = problem(1, 1, 1);
   pb.attn_type = AttentionType::EncoderOnly;

@@ -82,6 +82,7 @@ class CaseRun {
   std::optional<std::string> prepare_and_run(Step& step, bool first_step);
   std::optional<std::string> forward_and_check(Step& step);
   OracleProblem oracle_problem() const;
+  std::vector<MmPrefixRange> mm_prefix_ranges(std::size_t r) const;
 
   static constexpr std::uint64_t kSeedBase = 0x5EED0000ull;
 
@@ -115,6 +116,7 @@ void CaseRun::make_params() {
   if (c_.alibi) params_.alibi_slopes = alibi_slopes(H);
   params_.sliding_window = c_.sliding_window;
   params_.attention_chunk_size = c_.attention_chunk_size;
+  params_.use_mm_prefix = c_.mm_prefix;
   params_.kv_cache_dtype = c_.kv_cache_dtype;
   params_.logits_soft_cap = c_.soft_cap;
   params_.attn_type = c_.attn_type;
@@ -194,6 +196,11 @@ void CaseRun::append_read_back(std::size_t r, int first, int count) {
     read_keys_[r].push_back(k);
     read_values_[r].push_back(v);
   }
+}
+
+// Request r's PrefixLM ranges in a mm_prefix case, else none.
+std::vector<MmPrefixRange> CaseRun::mm_prefix_ranges(std::size_t r) const {
+  return c_.mm_prefix ? c_.batch.mm_prefix_ranges[r] : std::vector<MmPrefixRange>{};
 }
 
 OracleProblem CaseRun::oracle_problem() const {
@@ -293,6 +300,7 @@ std::optional<std::string> CaseRun::prepare_and_run(Step& step, bool first_step)
     rq.query.assign(qb, qb + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q_len) * q_row));
     rq.key = read_keys_[r];
     rq.value = read_values_[r];
+    rq.mm_prefix_ranges = mm_prefix_ranges(r);
     pb.requests.push_back(std::move(rq));
     first_token += q_len;
   }
@@ -418,7 +426,7 @@ CaseResult CaseRun::run() {
     std::vector<RequestSpec> specs;
     for (std::size_t r = 0; r < reqs.size(); ++r) {
       const int q_len = s == 0 ? reqs[r].first : kSecondStepQueryLen;
-      specs.push_back({q_len, cross ? q_len : reqs[r].second, blocks_[r]});
+      specs.push_back({q_len, cross ? q_len : reqs[r].second, blocks_[r], mm_prefix_ranges(r)});
     }
     if (cross) {
       steps[s].name = s == 0 ? "step 1 (writes encoder K/V)" : "step 2 (reads cached encoder K/V)";

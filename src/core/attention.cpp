@@ -251,6 +251,7 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
   selector.use_per_head_quant_scales = per_head_scales;
   selector.attn_type = attn_type_;
   selector.use_non_causal = options.use_non_causal;
+  selector.use_mm_prefix = options.use_mm_prefix;
   selector.use_batch_invariant = model.batch_invariant();
   selector.device = device_;
   selector.capability = device_capability(device_);
@@ -281,6 +282,15 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
       throw_unsupported(where, fmt::format("backend {} does not run chunked local attention", backend_->name()));
     }
     params.attention_chunk_size = chunk;
+  }
+  if (options.use_mm_prefix) {
+    check_arg(attn_type_ == AttentionType::Decoder && !options.use_non_causal, where, "use_mm_prefix",
+              "only with causal decoder attention (PrefixLM widens a causal mask)",
+              options.use_non_causal ? "with use_non_causal" : attention_type_name(attn_type_));
+    check_arg(!options.attention_chunk_size, where, "use_mm_prefix",
+              "not with attention_chunk_size (chunked local attention and PrefixLM do not compose)",
+              fmt::format("with attention_chunk_size {}", options.attention_chunk_size.value_or(0)));
+    params.use_mm_prefix = true;
   }
   params.dtype = dtype_;
   params.device = device_;

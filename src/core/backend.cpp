@@ -222,7 +222,7 @@ std::vector<std::string> AttentionBackend::validate_configuration(const Selector
 }
 
 AttentionVariant make_attention_variant(const AttentionImplParams& params, bool step_causal,
-                                        const float* alibi_slopes, const float* sinks) {
+                                        const float* alibi_slopes, const float* sinks, MmPrefixRanges mm_prefix) {
   AttentionVariant v;
   v.scale = params.scale;
   v.soft_cap = params.logits_soft_cap.value_or(0.0f);
@@ -232,10 +232,18 @@ AttentionVariant make_attention_variant(const AttentionImplParams& params, bool 
     v.window = params.attn_type == AttentionType::Decoder ? WindowKind::Left : WindowKind::Bidirectional;
     v.window_size = *params.sliding_window;
   }
+  // PrefixLM ranges widen a causal mask only (vLLM's Triton kernel asserts causal).
+  if (params.use_mm_prefix && v.mask == MaskKind::Causal) v.mm_prefix = mm_prefix;
   v.alibi_slopes = alibi_slopes;
   v.sinks = sinks;
   v.key_source = reads_paged_cache(params.attn_type) ? KeySource::PagedCache : KeySource::DenseRows;
   return v;
+}
+
+MmPrefixRanges host_mm_prefix_ranges(const CommonAttentionMetadata& common) {
+  if (!common.has_mm_prefix_ranges()) return {};
+  return {common.mm_prefix_range_start_loc_cpu.data_as<const std::int32_t>(),
+          common.mm_prefix_ranges_cpu.data_as<const std::int32_t>()};
 }
 
 AttentionProblem make_attention_problem(const AttentionImplParams& params, int block_size,

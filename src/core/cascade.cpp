@@ -34,16 +34,18 @@ int common_prefix_blocks(const CommonAttentionMetadata& common) {
 
 bool cascade_applies(const AttentionImplParams& params) {
   return params.attn_type == AttentionType::Decoder && !params.sliding_window && params.alibi_slopes.empty() &&
-         params.sinks.empty() && !params.attention_chunk_size;
+         params.sinks.empty() && !params.attention_chunk_size && !params.use_mm_prefix;
 }
 
 bool cascade_pays(const CommonAttentionMetadata& common, int prefix_blocks) {
-  return common.causal && common.num_reqs >= kCascadeMinRequests &&
+  return common.causal && !common.has_mm_prefix_ranges() && common.num_reqs >= kCascadeMinRequests &&
          static_cast<std::int64_t>(prefix_blocks) * common.block_size >= kCascadeMinPrefixTokens;
 }
 
 CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blocks, int max_queries) {
   common.validate(kSplitWhere);
+  check_arg(!common.has_mm_prefix_ranges(), kSplitWhere, "metadata mm_prefix_ranges",
+            "none (a cascade's passes do not carry PrefixLM ranges)", "set");
   const int shared = common_prefix_blocks(common);
   check_arg(prefix_blocks >= 1 && prefix_blocks <= shared, kSplitWhere, "prefix_blocks",
             fmt::format("in [1, the shared prefix's {} blocks]", shared), prefix_blocks);
@@ -144,7 +146,7 @@ Parts parts_for(const CascadeMetadata& md, std::int64_t heads) {
 // A cascade for a layer it cannot be right for is refused, not run.
 void check_cascade_layer(const AttentionImpl& impl) {
   check_arg(cascade_applies(impl.params()), "Attention.forward", "metadata",
-            "a plain plan (a cascade needs no window, ALiBi, sinks or chunking)", "a cascade plan");
+            "a plain plan (a cascade needs no window, ALiBi, sinks, chunking or PrefixLM)", "a cascade plan");
 }
 
 }  // namespace

@@ -65,6 +65,13 @@ void check_impl_params(std::string_view where, const AttentionImplParams& p) {
   if (p.logits_soft_cap) {
     check_arg(*p.logits_soft_cap >= 0.0f, where, "logits_soft_cap", ">= 0", *p.logits_soft_cap);
   }
+  if (p.use_mm_prefix) {
+    check_arg(p.attn_type == AttentionType::Decoder, where, "use_mm_prefix", "only with decoder attention",
+              attention_type_name(p.attn_type));
+    check_arg(!p.attention_chunk_size, where, "use_mm_prefix",
+              "not with attention_chunk_size (chunked local attention and PrefixLM do not compose)",
+              fmt::format("with attention_chunk_size {}", p.attention_chunk_size.value_or(0)));
+  }
 }
 
 // The checks format their messages only on failure: forward calls run them
@@ -90,6 +97,10 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
     throw_invalid(where, "metadata local_chunk_size",
                   fmt::format("the layer's attention_chunk_size ({}; make_local_attention_virtual_batches)", chunk),
                   std::to_string(common.local_chunk_size));
+  }
+  if (common.has_mm_prefix_ranges() && !p.use_mm_prefix) {
+    throw_invalid(where, "metadata mm_prefix_ranges", "none for a layer without use_mm_prefix",
+                  fmt::format("{} ranges", common.mm_prefix_ranges_cpu.size(0)));
   }
   check_rows(where, query, "query", device, tokens, p.num_heads, p.head_size);
   check_dtype(query, where, "query", p.dtype);

@@ -17,6 +17,8 @@ CommonAttentionMetadata make_local_attention_virtual_batches(const CommonAttenti
             "cross-attention metadata");
   check_arg(common.local_chunk_size == 0, where, "metadata local_chunk_size", "0 (not yet split)",
             common.local_chunk_size);
+  check_arg(!common.has_mm_prefix_ranges(), where, "metadata mm_prefix_ranges",
+            "none (chunked local attention and PrefixLM ranges do not compose)", "set");
   const int bs = common.block_size;
   const int blocks_per_chunk = chunk_size / bs;
   std::vector<std::int32_t> query_start_loc{0};

@@ -3,6 +3,8 @@
 #include <pagedattn/error.h>
 #include <pagedattn/metadata.h>
 
+#include "core/mm_prefix.h"
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -189,6 +191,24 @@ CommonAttentionMetadata assemble(HostBatch& batch, const MetadataOptions& option
   return md;
 }
 
+// The requests' PrefixLM ranges as the step's CSR arrays, when any has some.
+void set_request_ranges(std::string_view where, CommonAttentionMetadata& md, std::span<const RequestSpec> requests) {
+  std::int64_t total = 0;
+  for (const RequestSpec& req : requests) total += static_cast<std::int64_t>(req.mm_prefix_ranges.size());
+  if (total == 0) return;
+  check_arg(total <= kMaxTokens, where, "total mm_prefix_ranges", fmt::format("<= {}", kMaxTokens), total);
+  std::vector<std::int32_t> start_loc{0};
+  std::vector<std::int32_t> ranges;
+  for (const RequestSpec& req : requests) {
+    for (const MmPrefixRange& range : req.mm_prefix_ranges) {
+      ranges.push_back(range.start);
+      ranges.push_back(range.end);
+    }
+    start_loc.push_back(static_cast<std::int32_t>(ranges.size() / 2));
+  }
+  assign_mm_prefix_ranges(where, md, start_loc, ranges);
+}
+
 }  // namespace
 
 std::span<const std::int32_t> CommonAttentionMetadata::query_start_loc_host() const {
@@ -316,6 +336,7 @@ StepFacts CommonAttentionMetadata::validate(std::string_view where, std::int64_t
       }
     });
   }
+  check_mm_prefix_ranges(where, *this);
   return facts;
 }
 
@@ -333,7 +354,10 @@ CommonAttentionMetadata CommonAttentionMetadata::with_own_host_arrays() const {
   const bool on_cpu = device().is_cpu();
   for (auto [host, dev] : {std::pair{&copy.query_start_loc_cpu, &copy.query_start_loc},
                            std::pair{&copy.seq_lens_cpu, &copy.seq_lens},
-                           std::pair{&copy.block_table_cpu, &copy.block_table}}) {
+                           std::pair{&copy.block_table_cpu, &copy.block_table},
+                           std::pair{&copy.mm_prefix_range_start_loc_cpu, &copy.mm_prefix_range_start_loc},
+                           std::pair{&copy.mm_prefix_ranges_cpu, &copy.mm_prefix_ranges}}) {
+    if (!host->defined()) continue;
     const bool shared = host->data() == dev->data();
     *host = host->clone();
     if (on_cpu && shared) *dev = *host;
@@ -401,7 +425,9 @@ CommonAttentionMetadata make_common_metadata(std::span<const RequestSpec> reques
           slots_for_positions(req.blocks, options.block_size, req.seq_len - req.query_len, req.query_len);
       batch.slots.insert(batch.slots.end(), slots.begin(), slots.end());
     }
-    return assemble(batch, options, options.causal);
+    CommonAttentionMetadata md = assemble(batch, options, options.causal);
+    set_request_ranges(where, md, requests);
+    return md;
   });
 }
 
@@ -419,6 +445,11 @@ CommonAttentionMetadata make_cross_attention_metadata(std::span<const RequestSpe
       encoder_tokens += encoder_lens[r];
     }
     check_requests(where, requests, encoder_lens, options.block_size);
+    for (std::size_t r = 0; r < requests.size(); ++r) {
+      check_arg(requests[r].mm_prefix_ranges.empty(), where, fmt::format("requests[{}].mm_prefix_ranges", r),
+                "empty (PrefixLM ranges are for decoder self-attention)",
+                fmt::format("{} ranges", requests[r].mm_prefix_ranges.size()));
+    }
     const std::int64_t written = write_encoder_kv ? encoder_tokens : 0;
     check_total_slots(where, "encoder tokens", written, options);
 

@@ -95,6 +95,7 @@ std::vector<SupportRow> support_matrix(const std::vector<const AttentionBackend*
       {"ALiBi", [](const AttentionBackend& b) { return yes_no(b.supports_alibi()); }},
       {"chunked local attention",
        [](const AttentionBackend& b) { return yes_no(b.supports_chunked_local_attention()); }},
+      {"PrefixLM ranges (mm_prefix)", [](const AttentionBackend& b) { return yes_no(b.supports_mm_prefix()); }},
       {"cascade (shared prefix)", [](const AttentionBackend& b) { return yes_no(b.supports_cascade()); }},
       {"attention sinks", [](const AttentionBackend& b) { return yes_no(b.supports_sink()); }},
       {"per-KV-head fp8 scales", [](const AttentionBackend& b) { return yes_no(b.supports_per_head_quant_scales()); }},

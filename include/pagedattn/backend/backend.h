@@ -220,9 +220,15 @@ class AttentionBackend {
 // The variant a layer's kernels compute for a step (`step_causal`: the
 // metadata's causal flag). `alibi_slopes` and `sinks` point at the layer's
 // [num_heads] arrays where the kernel reads them (host or device), or are
-// null. Every backend derives its kernels' semantics here.
+// null; `mm_prefix` at the step's PrefixLM ranges likewise, kept only for a
+// use_mm_prefix layer's causal decoder mask. Every backend derives its
+// kernels' semantics here.
 AttentionVariant make_attention_variant(const AttentionImplParams& params, bool step_causal,
-                                        const float* alibi_slopes, const float* sinks);
+                                        const float* alibi_slopes, const float* sinks,
+                                        MmPrefixRanges mm_prefix = {});
+
+// The step's PrefixLM ranges in host memory (null pointers without ranges).
+MmPrefixRanges host_mm_prefix_ranges(const CommonAttentionMetadata& common);
 
 // Problem description of a layer's impl params for a batch (shape fields zero
 // when `common` is null).

@@ -11,7 +11,8 @@
 namespace pagedattn {
 
 // The constructor arguments: positive sizes, num_heads % num_kv_heads, alibi and
-// sinks sized [num_heads], a positive window, a non-negative soft cap.
+// sinks sized [num_heads], a positive window, a non-negative soft cap,
+// use_mm_prefix only on decoder layers without attention_chunk_size.
 void check_impl_params(std::string_view where, const AttentionImplParams& params);
 
 // One half of the paged cache: [NB, BS, Hkv, D] in `storage`, any strides,
@@ -37,8 +38,10 @@ struct ForwardShape {
 // query/output [>= T, H, D], key/value [>= T, Hkv, D] for encoder types, the
 // cache halves [NB, BS, Hkv, D] in the storage dtype for paged types, fp8
 // scales [1] or [Hkv], lse [H, >= T] f32; that a builder validated the
-// metadata (adopt_step); the step's block ids against this cache, and
-// seq_len == q_len for encoder types, from the metadata's facts.
+// metadata (adopt_step), split by the layer's chunk size, and without
+// PrefixLM ranges unless the layer has use_mm_prefix; the step's block ids
+// against this cache, and seq_len == q_len for encoder types, from the
+// metadata's facts.
 // `output_dtypes` lists the output dtypes the backend can write.
 ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& params, Device device,
                                 const LayerQuantState& layer, const TensorView& query, const TensorView& key,

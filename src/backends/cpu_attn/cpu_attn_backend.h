@@ -23,6 +23,7 @@ class CpuAttnBackend : public AttentionBackend {
   std::vector<CacheDType> supported_kv_cache_dtypes() const override;
   std::optional<std::string> head_size_rule(int head_size) const override;
   bool supports_sink() const override { return true; }
+  bool supports_mm_prefix() const override { return true; }
   bool supports_per_head_quant_scales() const override { return true; }
   bool supports_non_causal() const override { return true; }
   // The work list splits each request by its own shape only (cpu_attn_plan.h).

@@ -85,7 +85,8 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
   p.head_size = head_size;
   p.variant = make_attention_variant(params_, common.causal,
                                      params_.alibi_slopes.empty() ? nullptr : params_.alibi_slopes.data(),
-                                     params_.sinks.empty() ? nullptr : params_.sinks.data());
+                                     params_.sinks.empty() ? nullptr : params_.sinks.data(),
+                                     host_mm_prefix_ranges(common));
   p.query_start_loc = common.query_start_loc_host().data();
   p.seq_lens = common.seq_lens_host().data();
   p.query = rows_operand(query);

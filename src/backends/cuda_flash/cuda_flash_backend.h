@@ -27,6 +27,7 @@ class CudaFlashBackend : public AttentionBackend {
   std::optional<std::string> head_size_rule(int head_size) const override;
   std::vector<KernelBlockSize> supported_kernel_block_sizes() const override { return {MultipleOf{1}}; }
   bool supports_sink() const override { return true; }
+  bool supports_mm_prefix() const override { return true; }
   bool supports_per_head_quant_scales() const override { return true; }
   bool supports_non_causal() const override { return true; }
   bool supports_batch_invariance() const override { return true; }

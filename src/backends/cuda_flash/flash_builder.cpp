@@ -1,12 +1,13 @@
 // The metadata builder: plans the step on the host once and uploads the plan
-// (header, work list, combine list, block table) with one async copy into a
-// persistent device workspace, so forward only launches.
+// (header, work list, combine list, PrefixLM ranges, block table) with one
+// async copy into a persistent device workspace, so forward only launches.
 #include <cuda_runtime_api.h>
 #include <pagedattn/error.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <span>
 
 #include "cuda/cuda_runtime.h"
 #include "flash_metadata.h"
@@ -51,26 +52,26 @@ class StagingSlot {
   cudaEvent_t event_ = nullptr;
 };
 
-// Entries each workspace region holds.
-struct Capacity {
-  std::size_t items = 0;
-  std::size_t combine = 0;
-  std::size_t table = 0;  // block-table elements
-  std::int64_t partial_rows = 0;
+bool holds(const WorkspaceEntries& have, const WorkspaceEntries& n) {
+  return n.items <= have.items && n.combine <= have.combine && n.mm_prefix_offsets <= have.mm_prefix_offsets &&
+         n.mm_prefix_elems <= have.mm_prefix_elems && n.block_table <= have.block_table &&
+         n.partial_token_rows <= have.partial_token_rows;
+}
 
-  bool holds(const Capacity& n) const {
-    return n.items <= items && n.combine <= combine && n.table <= table && n.partial_rows <= partial_rows;
-  }
-  // At least `n`, and every region that must grow at least doubles.
-  Capacity grown_to(const Capacity& n) const {
-    const auto grow = [](auto have, auto want) { return want <= have ? have : std::max(want, have * 2); };
-    return {grow(items, n.items), grow(combine, n.combine), grow(table, n.table), grow(partial_rows, n.partial_rows)};
-  }
-};
+// At least `n`, and every region that must grow at least doubles.
+WorkspaceEntries grown_to(const WorkspaceEntries& have, const WorkspaceEntries& n) {
+  const auto grow = [](auto held, auto want) { return want <= held ? held : std::max(want, held * 2); };
+  return {grow(have.items, n.items),
+          grow(have.combine, n.combine),
+          grow(have.mm_prefix_offsets, n.mm_prefix_offsets),
+          grow(have.mm_prefix_elems, n.mm_prefix_elems),
+          grow(have.block_table, n.block_table),
+          grow(have.partial_token_rows, n.partial_token_rows)};
+}
 
 // The first workspace already holds a large step, so that graphs captured
 // early stay valid while later steps grow (a regrown workspace moves).
-constexpr Capacity kInitialCapacity{4096, 1024, std::size_t{1} << 16, 512};
+constexpr WorkspaceEntries kInitialCapacity{4096, 1024, 1025, 512, std::size_t{1} << 16, 512};
 
 class FlashBuilder final : public AttentionMetadataBuilder {
  public:
@@ -106,16 +107,23 @@ class FlashBuilder final : public AttentionMetadataBuilder {
         params_.num_heads > 0 ? params_.num_heads : params_.num_kv_heads * kPartialGroupHint;
     // The region offsets depend only on the capacities, never on this step's
     // counts: a captured graph keeps reading the same addresses.
-    const Capacity need{plan.items.size(), plan.combine.size(), static_cast<std::size_t>(bt_rows * bt_cols),
-                        plan.partial_token_rows};
-    if (!workspace_ || !cap_.holds(need)) {
-      cap_ = (workspace_ ? cap_ : kInitialCapacity).grown_to(need);
-      layout_ = workspace_layout(cap_.items, cap_.combine, cap_.table, cap_.partial_rows, partial_heads,
-                                 params_.head_size);
+    // PrefixLM range offsets go up for every step, zeros without ranges: a
+    // graph captured on a step without ranges reads those of later steps.
+    const std::span<const std::int32_t> mm_ranges =
+        common.has_mm_prefix_ranges()
+            ? std::span<const std::int32_t>(common.mm_prefix_ranges_cpu.data_as<const std::int32_t>(),
+                                            static_cast<std::size_t>(common.mm_prefix_ranges_cpu.numel()))
+            : std::span<const std::int32_t>{};
+    const auto num_offsets = static_cast<std::size_t>(common.num_reqs) + 1;
+    const WorkspaceEntries need{plan.items.size(), plan.combine.size(), num_offsets, mm_ranges.size(),
+                                static_cast<std::size_t>(bt_rows * bt_cols), plan.partial_token_rows};
+    if (!workspace_ || !holds(cap_, need)) {
+      cap_ = grown_to(workspace_ ? cap_ : kInitialCapacity, need);
+      layout_ = workspace_layout(cap_, partial_heads, params_.head_size);
       workspace_ = std::make_shared<DeviceBuffer>(layout_.total_bytes, params_.device.index);
     }
     const WorkspaceLayout& layout = layout_;
-    const std::size_t upload_bytes = layout.block_table + need.table * sizeof(std::int32_t);
+    const std::size_t upload_bytes = layout.block_table + need.block_table * sizeof(std::int32_t);
 
     StagingSlot& slot = staging_[next_slot_];
     next_slot_ = (next_slot_ + 1) % kStagingSlots;
@@ -127,6 +135,13 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     std::memcpy(host, &header, sizeof header);
     std::memcpy(host + layout.items, plan.items.data(), plan.items.size() * sizeof(WorkItem));
     std::memcpy(host + layout.combine, plan.combine.data(), plan.combine.size() * sizeof(CombineItem));
+    auto* offsets = reinterpret_cast<std::int32_t*>(host + layout.mm_prefix_offsets);
+    if (common.has_mm_prefix_ranges()) {
+      std::memcpy(offsets, common.mm_prefix_range_start_loc_cpu.data(), num_offsets * sizeof(std::int32_t));
+      std::copy(mm_ranges.begin(), mm_ranges.end(), reinterpret_cast<std::int32_t*>(host + layout.mm_prefix_ranges));
+    } else {
+      std::fill_n(offsets, num_offsets, 0);
+    }
     auto* table = reinterpret_cast<std::int32_t*>(host + layout.block_table);
     for (std::int64_t r = 0; r < bt_rows; ++r) {
       const std::span<const std::int32_t> row = common.block_table_host_row(static_cast<int>(r));
@@ -142,6 +157,8 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     metadata->items = reinterpret_cast<const WorkItem*>(dev + layout.items);
     metadata->combine = reinterpret_cast<const CombineItem*>(dev + layout.combine);
     metadata->block_table = reinterpret_cast<const std::int32_t*>(dev + layout.block_table);
+    metadata->mm_prefix = {reinterpret_cast<const std::int32_t*>(dev + layout.mm_prefix_offsets),
+                           reinterpret_cast<const std::int32_t*>(dev + layout.mm_prefix_ranges)};
     metadata->partial_out = reinterpret_cast<float*>(dev + layout.partial_out);
     metadata->partial_lse = reinterpret_cast<float*>(dev + layout.partial_lse);
     metadata->num_items = header.num_items;
@@ -163,7 +180,7 @@ class FlashBuilder final : public AttentionMetadataBuilder {
   int num_sms_ = 0;
   int sm_version_ = 0;
   std::shared_ptr<DeviceBuffer> workspace_;
-  Capacity cap_;
+  WorkspaceEntries cap_;
   WorkspaceLayout layout_;
   std::array<StagingSlot, kStagingSlots> staging_;
   int next_slot_ = 0;

@@ -141,7 +141,8 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.head_size = p.head_size;
   k.variant = make_attention_variant(p, common.causal,
                                      alibi_.defined() ? static_cast<const float*>(alibi_.data()) : nullptr,
-                                     sinks_.defined() ? static_cast<const float*>(sinks_.data()) : nullptr);
+                                     sinks_.defined() ? static_cast<const float*>(sinks_.data()) : nullptr,
+                                     plan->mm_prefix);
 
   k.query = query.data();
   k.q_row_stride = query.stride(0);

@@ -39,6 +39,7 @@ struct FlashMetadata final : BackendMetadata {
   const WorkItem* items = nullptr;
   const CombineItem* combine = nullptr;
   const std::int32_t* block_table = nullptr;
+  MmPrefixRanges mm_prefix;  // the step's ranges; offsets all 0 without any
   float* partial_out = nullptr;
   float* partial_lse = nullptr;
   int num_items = 0;

@@ -130,14 +130,15 @@ WorkList make_work_list(const PlanInputs& in) {
   return plan;
 }
 
-WorkspaceLayout workspace_layout(std::size_t num_items, std::size_t num_combine, std::size_t block_table_elems,
-                                 std::int64_t partial_token_rows, int partial_heads, int head_size) {
+WorkspaceLayout workspace_layout(const WorkspaceEntries& n, int partial_heads, int head_size) {
   WorkspaceLayout l;
   l.items = align_up(sizeof(PlanHeader));
-  l.combine = l.items + align_up(num_items * sizeof(WorkItem));
-  l.block_table = l.combine + align_up(num_combine * sizeof(CombineItem));
-  l.upload_bytes = l.block_table + block_table_elems * sizeof(std::int32_t);
-  const auto rows = static_cast<std::size_t>(std::max<std::int64_t>(partial_token_rows, 0)) *
+  l.combine = l.items + align_up(n.items * sizeof(WorkItem));
+  l.mm_prefix_offsets = l.combine + align_up(n.combine * sizeof(CombineItem));
+  l.mm_prefix_ranges = l.mm_prefix_offsets + align_up(n.mm_prefix_offsets * sizeof(std::int32_t));
+  l.block_table = l.mm_prefix_ranges + align_up(n.mm_prefix_elems * sizeof(std::int32_t));
+  l.upload_bytes = l.block_table + n.block_table * sizeof(std::int32_t);
+  const auto rows = static_cast<std::size_t>(std::max<std::int64_t>(n.partial_token_rows, 0)) *
                     static_cast<std::size_t>(std::max(partial_heads, 0));
   l.partial_out = align_up(l.upload_bytes);
   l.partial_lse = l.partial_out + align_up(rows * static_cast<std::size_t>(head_size) * sizeof(float));

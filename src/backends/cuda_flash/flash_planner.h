@@ -66,11 +66,24 @@ int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_
 // Split count of a batch-invariant plan's decode item over `kv_len` keys.
 int invariant_num_splits(int kv_len);
 
-// Byte offsets of the workspace regions (header, items, combine, block table,
-// partial outputs, partial LSEs), each aligned to kWorkspaceAlign.
+// Entries each workspace region holds.
+struct WorkspaceEntries {
+  std::size_t items = 0;
+  std::size_t combine = 0;
+  std::size_t mm_prefix_offsets = 0;  // i32 PrefixLM range offsets, [B + 1]
+  std::size_t mm_prefix_elems = 0;    // i32 PrefixLM (start, end) pairs, [2 R]
+  std::size_t block_table = 0;        // i32 elements
+  std::int64_t partial_token_rows = 0;
+};
+
+// Byte offsets of the workspace regions (header, items, combine, PrefixLM
+// range offsets and pairs, block table, partial outputs, partial LSEs), each
+// aligned to kWorkspaceAlign.
 struct WorkspaceLayout {
   std::size_t items = 0;
   std::size_t combine = 0;
+  std::size_t mm_prefix_offsets = 0;
+  std::size_t mm_prefix_ranges = 0;
   std::size_t block_table = 0;
   std::size_t upload_bytes = 0;  // everything above: the one host-to-device copy
   std::size_t partial_out = 0;
@@ -79,7 +92,6 @@ struct WorkspaceLayout {
 };
 
 // `partial_heads`: query heads the partial region is sized for.
-WorkspaceLayout workspace_layout(std::size_t num_items, std::size_t num_combine, std::size_t block_table_elems,
-                                 std::int64_t partial_token_rows, int partial_heads, int head_size);
+WorkspaceLayout workspace_layout(const WorkspaceEntries& entries, int partial_heads, int head_size);
 
 }  // namespace pagedattn::cuda_flash

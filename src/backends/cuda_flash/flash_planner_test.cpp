@@ -217,12 +217,15 @@ TEST(FlashPlannerTest, EmptyRequestsAndShortTails) {
 }
 
 TEST(FlashPlannerTest, WorkspaceLayoutIsAlignedAndOrdered) {
-  const WorkspaceLayout l = workspace_layout(10, 3, 77, 5, 16, 128);
-  for (const std::size_t off : {l.items, l.combine, l.block_table, l.partial_out, l.partial_lse}) {
+  const WorkspaceLayout l = workspace_layout({10, 3, 6, 8, 77, 5}, 16, 128);
+  for (const std::size_t off :
+       {l.items, l.combine, l.mm_prefix_offsets, l.mm_prefix_ranges, l.block_table, l.partial_out, l.partial_lse}) {
     EXPECT_EQ(off % kWorkspaceAlign, 0u);
   }
   EXPECT_GE(l.combine, l.items + 10 * sizeof(WorkItem));
-  EXPECT_GE(l.block_table, l.combine + 3 * sizeof(CombineItem));
+  EXPECT_GE(l.mm_prefix_offsets, l.combine + 3 * sizeof(CombineItem));
+  EXPECT_GE(l.mm_prefix_ranges, l.mm_prefix_offsets + 6 * sizeof(std::int32_t));
+  EXPECT_GE(l.block_table, l.mm_prefix_ranges + 8 * sizeof(std::int32_t));
   EXPECT_EQ(l.upload_bytes, l.block_table + 77 * sizeof(std::int32_t));
   EXPECT_GE(l.partial_lse, l.partial_out + 5 * 16 * 128 * sizeof(float));
   EXPECT_GE(l.total_bytes, l.partial_lse + 5 * 16 * sizeof(float));

@@ -123,7 +123,7 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
   k.num_kv_heads = p.num_kv_heads;
   k.head_size = p.head_size;
   k.variant = make_attention_variant(p, common.causal, p.alibi_slopes.empty() ? nullptr : p.alibi_slopes.data(),
-                                     p.sinks.empty() ? nullptr : p.sinks.data());
+                                     p.sinks.empty() ? nullptr : p.sinks.data(), host_mm_prefix_ranges(common));
 
   k.num_reqs = common.num_reqs;
   k.num_actual_tokens = tokens;

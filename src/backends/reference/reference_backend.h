@@ -29,6 +29,7 @@ class ReferenceBackend : public AttentionBackend {
   std::vector<DType> supported_dtypes() const override;
   std::vector<CacheDType> supported_kv_cache_dtypes() const override;
   bool supports_sink() const override { return true; }
+  bool supports_mm_prefix() const override { return true; }
   bool supports_per_head_quant_scales() const override { return true; }
   bool supports_non_causal() const override { return true; }
   bool supports_batch_invariance() const override { return true; }

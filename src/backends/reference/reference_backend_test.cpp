@@ -38,6 +38,7 @@ TEST(ReferenceBackendTest, Capabilities) {
     EXPECT_TRUE(kBackend.supports_attn_type(t));
   }
   EXPECT_TRUE(kBackend.supports_sink());
+  EXPECT_TRUE(kBackend.supports_mm_prefix());
   EXPECT_TRUE(kBackend.supports_non_causal());
   EXPECT_TRUE(kBackend.supports_per_head_quant_scales());
   EXPECT_TRUE(kBackend.supports_batch_invariance());
@@ -48,7 +49,6 @@ TEST(ReferenceBackendTest, Capabilities) {
   EXPECT_TRUE(kBackend.is_deterministic());
   EXPECT_FALSE(kBackend.is_mla());
   EXPECT_FALSE(kBackend.is_sparse());
-  EXPECT_FALSE(kBackend.supports_mm_prefix());
   EXPECT_FALSE(kBackend.required_kv_cache_layout().has_value());
 }
 

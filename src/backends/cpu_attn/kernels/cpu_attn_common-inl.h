@@ -115,13 +115,7 @@ inline void fill_rows(const AttentionParams& p, const WorkItem& item, const Item
     const int qi = item.q_begin + r / shape.group;
     const int head = item.kv_head * shape.group + r % shape.group;
     const int pos = context_len + qi;
-    int lo = 0;
-    int hi = shape.num_keys;
-    if (p.variant.mask == MaskKind::Causal) hi = std::min(hi, pos + 1);
-    if (p.variant.window != WindowKind::None) {
-      lo = std::max(lo, pos - p.variant.window_size + 1);
-      hi = std::min(hi, p.variant.window == WindowKind::Left ? pos + 1 : pos + p.variant.window_size);
-    }
+    const auto [lo, hi] = visible_keys(p.variant, item.request, pos, shape.num_keys);
     rows[r] = RowInfo{lo, hi, static_cast<float>(pos), p.variant.alibi_slopes ? p.variant.alibi_slopes[head] : 0.0f};
     if (lo < hi) {
       union_lo = std::min(union_lo, lo);

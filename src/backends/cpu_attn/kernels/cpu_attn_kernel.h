@@ -27,7 +27,7 @@ struct AttentionParams {
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_size = 0;  // a multiple of 8
-  AttentionVariant variant;  // alibi_slopes and sinks: [num_heads] host arrays, or null
+  AttentionVariant variant;  // alibi_slopes, sinks ([num_heads]) and mm_prefix: host arrays, or null
 
   // ---- batch (host memory) ----
   const std::int32_t* query_start_loc = nullptr;  // [num_reqs + 1]

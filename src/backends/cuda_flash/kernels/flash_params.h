@@ -105,7 +105,7 @@ struct FlashParams {
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_size = 0;
-  AttentionVariant variant;  // alibi_slopes and sinks: [num_heads] on the device, or null
+  AttentionVariant variant;  // alibi_slopes, sinks ([num_heads]) and mm_prefix: on the device, or null
 
   // ---- query / output ----
   const void* query = nullptr;  // [T, H, D]

@@ -26,19 +26,15 @@ struct PassRange {
   int kv_hi;
 };
 
-// Keys any row of pass rows [row0, row0 + rows) of an item can see.
+// Keys any row of pass rows [row0, row0 + rows) of an item can see, within
+// the item's keys: a pass inside a PrefixLM range reaches past its diagonal
+// to the range's end (visible_keys_of_rows).
 __device__ __forceinline__ PassRange pass_range(const FlashParams& p, const WorkItem& item, int group,
                                                 int row0, int rows) {
   const int p_lo = item.position_begin + row0 / group;
   const int p_hi = item.position_begin + (row0 + rows - 1) / group;
-  int lo = item.kv_begin;
-  int hi = item.kv_end;
-  if (p.variant.mask == MaskKind::Causal) hi = min(hi, p_hi + 1);
-  if (p.variant.window != WindowKind::None) {
-    lo = max(lo, p_lo - p.variant.window_size + 1);
-    hi = min(hi, p.variant.window == WindowKind::Left ? p_hi + 1 : p_hi + p.variant.window_size);
-  }
-  return {lo, hi};
+  const KeyInterval keys = visible_keys_of_rows(p.variant, item.req, p_lo, p_hi, item.kv_end);
+  return {max(item.kv_begin, keys.lo), keys.hi};
 }
 
 // The query chunk (8 elements) `ch` of pass row r: its address, and whether
@@ -198,7 +194,9 @@ struct KvRunWalker {
 
 // Whether keys [k0, k_last] are visible to every row of positions
 // [pos_lo, pos_hi] with plain scores (no soft cap, no ALiBi): such a block
-// needs neither masks nor per-score transforms.
+// needs neither masks nor per-score transforms. PrefixLM ranges only add
+// keys, so the causal and window tests stay sufficient; blocks visible
+// through a range alone take the masked path.
 __device__ __forceinline__ bool whole_block(const FlashParams& p, PassRange range, int k0, int k_last,
                                             int pos_lo, int pos_hi) {
   bool whole = p.variant.soft_cap <= 0.0f && p.variant.alibi_slopes == nullptr && k0 >= range.kv_lo && k_last < range.kv_hi;
@@ -259,6 +257,9 @@ __device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const Wo
                               ? p.variant.alibi_slopes[kv_head * group + row % group]
                               : 0.0f;
       const int q_pos = item.position_begin + row / group;
+      // The row's keys within the pass's (docs/semantics.md, visible_keys).
+      const KeyInterval keys = visible_keys(p.variant, item.req, q_pos, range.kv_hi);
+      const int lo = max(keys.lo, range.kv_lo);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -267,13 +268,7 @@ __device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const Wo
           float x = s[nt][2 * i + e] * qk_scale;
           if (p.variant.soft_cap > 0.0f) x = p.variant.soft_cap * tanhf(x / p.variant.soft_cap);
           x += slope * static_cast<float>(j - q_pos);
-          bool visible = j >= range.kv_lo && j < range.kv_hi;
-          if (p.variant.mask == MaskKind::Causal) visible = visible && j <= q_pos;
-          if (p.variant.window == WindowKind::Left) {
-            visible = visible && j > q_pos - p.variant.window_size && j <= q_pos;
-          } else if (p.variant.window == WindowKind::Bidirectional) {
-            visible = visible && j > q_pos - p.variant.window_size && j < q_pos + p.variant.window_size;
-          }
+          const bool visible = j >= lo && j < keys.hi;
           s[nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
         }
       }

@@ -79,13 +79,9 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
 
   // Visible keys form one interval [lo, hi) (docs/semantics.md).
   const AttentionVariant& v = p.variant;
-  int lo = 0;
-  int hi = num_keys;
-  if (v.mask == MaskKind::Causal) hi = std::min(hi, position + 1);
-  if (v.window != WindowKind::None) {
-    lo = std::max(lo, position - v.window_size + 1);
-    hi = std::min(hi, v.window == WindowKind::Left ? position + 1 : position + v.window_size);
-  }
+  const KeyInterval keys = visible_keys(v, row.request, position, num_keys);
+  const int lo = keys.lo;
+  const int hi = keys.hi;
 
   void* out =
       static_cast<std::byte*>(p.output) + (token * p.output_row_stride + head * p.output_head_stride) *

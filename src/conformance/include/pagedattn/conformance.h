@@ -29,6 +29,9 @@ struct OracleRequest {
   std::vector<float> query;  // [query_len, H, D]
   std::vector<float> key;    // [kv_len, Hkv, D]
   std::vector<float> value;  // [kv_len, Hkv, D]
+  // PrefixLM ranges (causal decoder only): a query in [start, end) also sees
+  // every key of that range.
+  std::vector<MmPrefixRange> mm_prefix_ranges{};
 };
 
 // Query token i of a request sits at position p = kv_len - query_len + i.
@@ -91,6 +94,9 @@ std::optional<std::string> compare_with_oracle(const OracleOutput& expected, std
 struct BatchSpec {
   std::string name;
   std::vector<std::pair<int, int>> requests;
+  // PrefixLM ranges per request (empty, or one list per request), which
+  // cases with mm_prefix run; positions of the whole sequence.
+  std::vector<std::vector<MmPrefixRange>> mm_prefix_ranges{};
 };
 
 // The named batches the grid uses: vLLM's BATCH_SPECS at their real size and
@@ -112,6 +118,9 @@ struct ConformanceCase {
   KVCacheLayout layout = KVCacheLayout::NHD;
   std::optional<int> sliding_window;
   std::optional<int> attention_chunk_size;  // decoder only; a multiple of block_size
+  // PrefixLM: the layer has use_mm_prefix and the step the batch's
+  // mm_prefix_ranges (causal decoder only, not with chunking or a cascade).
+  bool mm_prefix = false;
   // Cascade: every request's first shared_prefix tokens are the same blocks
   // (same keys and values), and the step is planned by a CascadeBuilder,
   // which must plan a cascade exactly when the layer allows one
