@@ -524,6 +524,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm :
   });
 }
 
+// Splits of a group whose partial loads the combine kernel issues at once.
+inline constexpr int kCombineUnroll = 8;
+
 // Merges split groups by LSE (natural log); the sink, if any, joins here once.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) {
@@ -543,7 +546,12 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
         return static_cast<std::int64_t>(item.partial_index + s * item.num_tokens + token_rel) * p.num_heads +
                head;
       };
+      // The split loops are unrolled so that their loads issue together: one
+      // load and its use per split made the 32-split merge of a lone decode
+      // (1q1s8k) a chain of 64 memory latencies (ncu: 21 us, longer than the
+      // attention kernel before it; perf-log attempt 27).
       float m_keys = -CUDART_INF_F;
+#pragma unroll kCombineUnroll
       for (int s = 0; s < item.num_splits; ++s) m_keys = fmaxf(m_keys, p.partial_lse[prow(s)]);
       float acc[8] = {};
       float lse = -CUDART_INF_F;
@@ -554,6 +562,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
           mm = fmaxf(mm, p.variant.sinks[head]);
           den = expf(p.variant.sinks[head] - mm);
         }
+#pragma unroll kCombineUnroll
         for (int s = 0; s < item.num_splits; ++s) {
           const float w = expf(p.partial_lse[prow(s)] - mm);
           den += w;
