@@ -237,12 +237,17 @@ void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorVie
   check_arg(slot_mapping.size(0) <= key.size(0), kUpdateWhere, "slot_mapping.size(0)",
             fmt::format("<= key.size(0) ({})", key.size(0)), slot_mapping.size(0));
   check_arg(value.size(0) == key.size(0), kUpdateWhere, "value.size(0)", key.size(0), value.size(0));
-  if (is_fp8(storage)) {
+  const KVQuantMode mode = kv_quant_mode(p.kv_cache_dtype);
+  if (mode == KVQuantMode::Fp8PerTensor) {
     check_kv_scale(kUpdateWhere, layer.k_scale, "k_scale", device, p.num_kv_heads);
     check_kv_scale(kUpdateWhere, layer.v_scale, "v_scale", device, p.num_kv_heads);
+  } else if (mode != KVQuantMode::None) {
+    check_token_scales(kUpdateWhere, kv_cache, device);
   }
-  ops_impl(DeviceType::CUDA).reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping,
-                                               layer.k_scale, layer.v_scale, KeyPacking::None);
+  const KVWriteScales scales = kv_write_scales(p.kv_cache_dtype, layer, kv_cache);
+  ops_impl(DeviceType::CUDA)
+      .reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, scales.k, scales.v, mode,
+                         KeyPacking::None);
 }
 
 }  // namespace
