@@ -173,6 +173,14 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
       k.v_scale = static_cast<const float*>(layer.v_scale.data());
       k.kv_scale_stride = layer.k_scale.size(0) == 1 ? 0 : static_cast<int>(layer.k_scale.stride(0));
     }
+    if (checked.shape.token_head_scales) {
+      // [NB, BS, Hkv] f32 each; check_forward_args made their strides equal.
+      k.k_token_scale = static_cast<const float*>(kv_cache.key_scale.data());
+      k.v_token_scale = static_cast<const float*>(kv_cache.value_scale.data());
+      k.scale_block_stride = kv_cache.key_scale.stride(0);
+      k.scale_slot_stride = kv_cache.key_scale.stride(1);
+      k.scale_head_stride = kv_cache.key_scale.stride(2);
+    }
   } else {
     k.key = key.data();
     k.value = value.data();
@@ -189,8 +197,8 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.block_table = plan->block_table;
   k.partial_out = plan->partial_out;
   k.partial_lse = plan->partial_lse;
-  const bool kv_fp8 = k.kv_dtype == DType::FP8_E4M3 || k.kv_dtype == DType::FP8_E5M2;
-  k.kernel = choose_kernel(head_size_class(p.head_size), kv_fp8, plan->decode_only, plan->prefill_only,
+  const bool kv_8bit = dtype_size(k.kv_dtype) == 1;
+  k.kernel = choose_kernel(head_size_class(p.head_size), kv_8bit, plan->decode_only, plan->prefill_only,
                            plan->sm_version);
 
   cuda::DeviceGuard guard(device.index);
