@@ -171,10 +171,14 @@ class Attention {
   std::string extra_repr() const;
 
   // Binds the cache of one virtual engine: logical shape of the backend's
-  // kv_cache_shape for this layer (any strides), storage dtype, model device.
-  void bind_kv_cache(int virtual_engine, const Tensor& kv_cache);
+  // kv_cache_shape for this layer (any strides), storage dtype, model device;
+  // with a per-token-head dtype also its scales, kv_cache_scale_shape f32
+  // (allocate_layer_kv_cache makes both), else no scales.
+  void bind_kv_cache(int virtual_engine, const Tensor& kv_cache, const Tensor& kv_scales = {});
   // Undefined until bound.
   const Tensor& kv_cache(int virtual_engine) const;
+  // Undefined until bound, and for dtypes without per-token-head scales.
+  const Tensor& kv_cache_scales(int virtual_engine) const;
   // Its K and V halves, [NB, BS, Hkv, D] each; undefined until bound.
   const KVCacheView& kv_cache_view(int virtual_engine) const;
   int num_virtual_engines() const { return static_cast<int>(kv_cache_.size()); }
@@ -234,6 +238,7 @@ class Attention {
   std::unique_ptr<AttentionImpl> impl_;
   LayerQuantState quant_;
   std::vector<Tensor> kv_cache_;             // one per virtual engine
+  std::vector<Tensor> kv_cache_scales_;      // per-token-head dtypes: one per virtual engine
   std::vector<KVCacheView> kv_cache_views_;  // its K/V halves
 };
 

@@ -28,13 +28,30 @@ std::optional<AttentionType> parse_attention_type(std::string_view name);
 // cache (decoder, cross-attention) rather than from the step's own rows.
 bool reads_paged_cache(AttentionType t);
 
-// vLLM's CacheDType strings; "fp8" means e4m3.
-enum class CacheDType { Auto, Float16, BFloat16, Fp8, Fp8E4M3, Fp8E5M2 };
+// vLLM's CacheDType strings; "fp8" means e4m3. The per-token-head dtypes
+// keep one f32 scale per (slot, KV head) for K and one for V beside the
+// cache (docs/kv_layouts.md, "Per-token-head scales").
+enum class CacheDType { Auto, Float16, BFloat16, Fp8, Fp8E4M3, Fp8E5M2, Int8PerTokenHead, Fp8PerTokenHead };
 std::string_view cache_dtype_name(CacheDType t);
 std::optional<CacheDType> parse_cache_dtype(std::string_view name);
+// Every CacheDType, in declaration order.
+std::vector<CacheDType> all_cache_dtypes();
 bool is_quantized_kv_cache(CacheDType t);
-// Element type stored in the cache: auto -> the model dtype, fp8 -> FP8_E4M3, ...
+// Element type stored in the cache: auto -> the model dtype, fp8 -> FP8_E4M3,
+// int8_per_token_head -> I8, fp8_per_token_head -> FP8_E4M3, ...
 DType kv_cache_storage_dtype(CacheDType t, DType model_dtype);
+
+// How a quantized cache is scaled (vLLM's KVQuantMode, same values).
+enum class KVQuantMode : std::uint8_t {
+  None = 0,
+  Fp8PerTensor = 1,      // the layer's k_scale / v_scale, [1] or [Hkv]
+  Int8PerTokenHead = 2,  // a scale per (slot, KV head), written with the row
+  Fp8PerTokenHead = 3,
+};
+KVQuantMode kv_quant_mode(CacheDType t);
+// vLLM's member names: "NONE", "FP8_PER_TENSOR", "INT8_PER_TOKEN_HEAD", "FP8_PER_TOKEN_HEAD".
+std::string_view kv_quant_mode_name(KVQuantMode m);
+bool kv_cache_uses_per_token_head_scales(CacheDType t);
 
 enum class KVCacheLayout { NHD, HND };
 std::string_view kv_cache_layout_name(KVCacheLayout l);
@@ -76,11 +93,14 @@ struct LayerQuantState {
 // The two halves of a layer's KV cache, each logically [num_blocks, block_size,
 // num_kv_heads, head_size] with whatever strides the layout gives (NHD or HND).
 // K may be packed (kv_packing.h): its rows are then located by the strides
-// but hold their elements in the packed order.
+// but hold their elements in the packed order. Per-token-head caches also
+// carry their scales; other caches leave them undefined.
 struct KVCacheView {
   TensorView key;    // [NB, BS, Hkv, D]
   TensorView value;  // [NB, BS, Hkv, D]
   KeyPacking key_packing = KeyPacking::None;
+  TensorView key_scale{};    // [NB, BS, Hkv] f32, per-token-head caches only
+  TensorView value_scale{};  // [NB, BS, Hkv] f32, the same strides as key_scale
   bool defined() const { return key.defined(); }
   std::int64_t num_blocks() const { return key.size(0); }
   int block_size() const { return static_cast<int>(key.size(1)); }

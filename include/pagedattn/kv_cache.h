@@ -12,6 +12,7 @@
 
 namespace pagedattn {
 
+class AttentionBackend;
 class ModelContext;
 
 // Scheduler limits the specs' worst-case memory estimates depend on.
@@ -28,8 +29,11 @@ struct FullAttentionSpec {
   int head_size = 0;
   DType dtype = DType::BF16;  // storage dtype of the cache elements
   int head_size_v = head_size;
+  KVQuantMode kv_quant_mode = KVQuantMode::None;
 
-  // Bytes of one block of K and V: BS * Hkv * (D + Dv) * sizeof(dtype).
+  // Bytes of one block of K and V: BS * Hkv * (D + Dv) * sizeof(dtype), plus
+  // 2 * BS * Hkv * 4 for per-token-head scales. Throws InvalidArgument when
+  // it overflows size_t.
   std::size_t page_size_bytes() const;
   // Blocks for one request of max_model_len tokens.
   std::size_t max_memory_usage_bytes(const KVCacheLimits& limits) const;
@@ -42,6 +46,7 @@ struct SlidingWindowSpec {
   int head_size = 0;
   DType dtype = DType::BF16;
   int head_size_v = head_size;
+  KVQuantMode kv_quant_mode = KVQuantMode::None;
   int sliding_window = 0;
 
   std::size_t page_size_bytes() const;
@@ -57,6 +62,7 @@ struct CrossAttentionSpec {
   int head_size = 0;
   DType dtype = DType::BF16;
   int head_size_v = head_size;
+  KVQuantMode kv_quant_mode = KVQuantMode::None;
 
   std::size_t page_size_bytes() const;
   // Blocks for max_num_encoder_input_tokens.
@@ -87,11 +93,32 @@ struct KVCacheAllocation {
   int num_shared_layers = 0;            // KV-sharing layers bound to a target's cache
 };
 
+// The scale region of a per-token-head cache: [num_blocks, 2 (K, V),
+// block_size, num_kv_heads] f32, so one block's scales are contiguous
+// (docs/kv_layouts.md, "Per-token-head scales").
+Dims kv_cache_scale_shape(std::int64_t num_blocks, int block_size, int num_kv_heads);
+// Where the scale region starts in a layer's allocation: the K/V bytes
+// rounded up to this.
+inline constexpr std::size_t kScaleRegionAlign = 256;
+
+// One layer's cache tensors: K/V of the backend's kv_cache_shape in its
+// stride order for `layout`, and for per-token-head dtypes the scales
+// (kv_cache_scale_shape), both carved from one allocation; zero-filled.
+struct LayerKVCache {
+  Tensor cache;
+  Tensor scales;          // undefined unless kv_cache_uses_per_token_head_scales(cache_dtype)
+  std::size_t bytes = 0;  // of the allocation
+};
+LayerKVCache allocate_layer_kv_cache(const AttentionBackend& backend, std::int64_t num_blocks, int block_size,
+                                     int num_kv_heads, int head_size, CacheDType cache_dtype,
+                                     DType model_dtype, KVCacheLayout layout, Device device);
+
 // Allocates, for every layer of `model` that owns a cache (its
 // get_kv_cache_spec() is set), one zero-filled tensor per virtual engine
 // (pipeline_parallel_size of them) of its backend's
 // kv_cache_shape(num_blocks, ...) in the physical order kv_cache_stride_order(
-// layer layout), and binds it to the layer; then binds every KV-sharing layer
+// layer layout), with its per-token-head scales where the dtype has them
+// (allocate_layer_kv_cache), and binds it to the layer; then binds every KV-sharing layer
 // to its target's tensors. Zero-filling keeps never-written slots finite, so a
 // kernel that reads a whole block and masks afterwards cannot pick up NaNs.
 // Throws InvalidArgument on num_blocks < 1 (< 2 with a reserved null block).

@@ -16,7 +16,10 @@ namespace pagedattn {
 //   key_cache     [NB, BS, Hkv, D]     any strides (NHD or HND views)
 //   value_cache   [NB, BS, Hkv, D]     same shape and dtype as key_cache
 //   slot_mapping  [N] i64, N <= T      slot = block * BS + offset; < 0 skips the token
-//   k_scale       [1] or [Hkv] f32     used when kv_cache_dtype is fp8; stored = sat(x / scale)
+//   k_scale       [1] or [Hkv] f32     read when kv_cache_dtype is fp8 (per tensor); stored = sat(x / scale)
+//                 [NB, BS, Hkv] f32    written when kv_cache_dtype is int8_per_token_head or
+//                                      fp8_per_token_head: one scale per (slot, KV head), any
+//                                      strides (KVCacheView::key_scale; token_head_quant.h)
 //   v_scale       same shape as k_scale
 //   key_packing   the order of K within key_cache (kv_packing.h; KVCacheView::key_packing)
 // For CacheDType::Auto (and float16/bfloat16) the cache dtype must equal the key dtype.
@@ -69,9 +72,12 @@ KVScales calc_kv_scales(const TensorView& query, const TensorView& key, const Te
 // Device implementations register here (the CPU set is built in).
 struct OpsImpl {
   virtual ~OpsImpl() = default;
+  // `mode` says what k_scale and v_scale are (the front-end's comment): None
+  // (unused), Fp8PerTensor (read) or a per-token-head mode (written).
   virtual void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                                  const TensorView& value_cache, const TensorView& slot_mapping,
-                                 const TensorView& k_scale, const TensorView& v_scale, KeyPacking key_packing) = 0;
+                                 const TensorView& k_scale, const TensorView& v_scale, KVQuantMode mode,
+                                 KeyPacking key_packing) = 0;
   // Whether reshape_and_cache writes K in `packing` (the front-end rejects the rest).
   virtual bool writes_key_packing(KeyPacking packing) const { return packing == KeyPacking::None; }
   virtual void merge_attn_states(const TensorView& output, const TensorView& prefix_output,

@@ -157,6 +157,14 @@ class Tensor : public TensorView {
   std::shared_ptr<void> storage_;
 };
 
+// A tensor over `owner`'s storage from byte `byte_offset` (aligned for
+// `dtype`), laid out as empty_strided_order lays out `logical_shape`: one
+// allocation can hold several tensors (a KV cache and its scales). Throws
+// InvalidArgument when the region passes the owner's bytes or the order is
+// not a permutation.
+Tensor carve_strided_order(const Tensor& owner, std::size_t byte_offset, Dims logical_shape,
+                           std::span<const int> stride_order, DType dtype);
+
 // Strided element copy between views of equal shape and dtype (any devices the
 // allocator can reach; strided device copies go through a host staging copy).
 void copy_tensor(const TensorView& dst, const TensorView& src);

@@ -22,7 +22,10 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     ``slot_mapping`` ``[N]`` int64 (``block * block_size + offset``; -1 skips).
     With an fp8 ``kv_cache_dtype`` the caches are uint8 or float8 tensors and
     rows are stored as ``x / scale`` (``k_scale``/``v_scale``: ``[1]`` or
-    ``[Hkv]`` float32)."""
+    ``[Hkv]`` float32). With ``"int8_per_token_head"`` / ``"fp8_per_token_head"``
+    the caches are int8 / float8 (or uint8) tensors and ``k_scale``/``v_scale``
+    are the caches' scales ``[num_blocks, block_size, Hkv]`` float32, written
+    with each row (one scale per token and KV head: ``amax / 127`` or ``/ 448``)."""
     _pagedattn.reshape_and_cache_flash(view(key), view(value), view(key_cache), view(value_cache),
                                        slot_mapping, kv_cache_dtype, view(k_scale), view(v_scale),
                                        stream_of(key))
@@ -61,32 +64,46 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     ``triton_launch_args`` takes the launch tuning and scratch buffers newer
     vLLM versions pass (``seq_threshold_3D``, ``num_par_softmax_segments``,
     ``softmax_segm_output``/``_max``/``_expsum``), which do not change the
-    result; anything else there is rejected."""
+    result, and ``kv_quant_mode`` ``INT8_PER_TOKEN_HEAD`` / ``FP8_PER_TOKEN_HEAD``
+    with ``k_scale_cache``/``v_scale_cache`` ``[num_blocks, block_size, Hkv]``
+    float32 (int8 or float8/uint8 ``k``/``v``; the descales are then unused);
+    anything else there is rejected."""
     where = "unified_attention"
     _require_none(where, q_descale=q_descale, output_scale=output_scale, qq_bias=qq_bias)
-    _check_launch_args(where, triton_launch_args)
+    kv_cache_dtype = _check_launch_args(where, triton_launch_args) or kv_cache_dtype_of(k)
     left, right = _window(window_size)
     _pagedattn.varlen_attention(
         view(q), view(k), view(v), view(out), None, cu_seqlens_q, None, seqused_k, block_table,
         int(max_seqlen_q), int(max_seqlen_k), softmax_scale, bool(causal), left, right, float(softcap),
-        alibi_slopes, sinks, k_descale, v_descale, kv_cache_dtype_of(k), backend or "", where, stream_of(q))
+        alibi_slopes, sinks, k_descale, v_descale, kv_cache_dtype, triton_launch_args.get("k_scale_cache"),
+        triton_launch_args.get("v_scale_cache"), backend or "", where, stream_of(q))
     return out
 
 
 _LAUNCH_ONLY_ARGS = {"seq_threshold_3D", "num_par_softmax_segments", "softmax_segm_output", "softmax_segm_max",
                      "softmax_segm_expsum"}
-_MODE_ARGS_NONE = {"raw_k", "raw_v", "mm_prefix_range", "k_scale_cache", "v_scale_cache"}
+_MODE_ARGS_NONE = {"raw_k", "raw_v", "mm_prefix_range"}
+_SCALE_CACHE_ARGS = {"k_scale_cache", "v_scale_cache"}  # checked in C++ against kv_quant_mode
+# vLLM's KVQuantMode members pagedattn runs, and the kv_cache_dtype each names (None: the cache tensor's).
+_KV_QUANT_MODES = {"NONE": None, "FP8_PER_TENSOR": None, "INT8_PER_TOKEN_HEAD": "int8_per_token_head",
+                   "FP8_PER_TOKEN_HEAD": "fp8_per_token_head"}
 
 
 def _check_launch_args(where, args):
+    """Rejects what pagedattn cannot honour; returns the kv_cache_dtype a
+    per-token-head kv_quant_mode names, else None."""
+    kv_cache_dtype = None
     for name, value in args.items():
-        if name in _LAUNCH_ONLY_ARGS:
+        if name in _LAUNCH_ONLY_ARGS or name in _SCALE_CACHE_ARGS:
             continue
         if name in _MODE_ARGS_NONE and value is None:
             continue
-        if name == "kv_quant_mode" and getattr(value, "name", str(value)) in ("NONE", "FP8_PER_TENSOR"):
+        mode = getattr(value, "name", str(value))
+        if name == "kv_quant_mode" and mode in _KV_QUANT_MODES:
+            kv_cache_dtype = _KV_QUANT_MODES[mode]
             continue
         raise NotImplementedError(f"{where}: argument {name}={value!r} is not supported by pagedattn")
+    return kv_cache_dtype
 
 
 def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu_seqlens_k=None, seqused_k=None,
@@ -128,6 +145,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     _pagedattn.varlen_attention(
         view(q), view(k), view(v), view(out), lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
         int(max_seqlen_q), int(max_seqlen_k), softmax_scale, bool(causal), left, right, float(softcap or 0.0),
-        alibi_slopes, s_aux, k_descale, v_descale, kv_cache_dtype_of(k), backend or "", where, stream_of(q))
+        alibi_slopes, s_aux, k_descale, v_descale, kv_cache_dtype_of(k), None, None, backend or "", where,
+        stream_of(q))
     return (out, lse) if return_softmax_lse else out
 

@@ -38,6 +38,7 @@ nb::object to_array(const Tensor& t) {
     case DType::F32: dt = nb::dtype<float>(); break;
     case DType::I32: dt = nb::dtype<std::int32_t>(); break;
     case DType::I64: dt = nb::dtype<std::int64_t>(); break;
+    case DType::I8: dt = nb::dtype<std::int8_t>(); break;
     case DType::F16: dt = {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1}; break;
     case DType::BF16:
       dt = cuda ? nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1}

@@ -44,8 +44,9 @@ std::string varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb:
                    nb::handle block_table, long max_seqlen_q, long max_seqlen_k,
                    std::optional<float> softmax_scale, bool causal, long window_left, long window_right,
                    float softcap, nb::handle alibi_slopes, nb::handle sinks, nb::handle k_descale,
-                   nb::handle v_descale, const std::string& kv_cache_dtype, const std::string& backend,
-                   const std::string& where, std::optional<std::uintptr_t> stream) {
+                   nb::handle v_descale, const std::string& kv_cache_dtype, nb::handle k_scale_cache,
+                   nb::handle v_scale_cache, const std::string& backend, const std::string& where,
+                   std::optional<std::uintptr_t> stream) {
   VarlenArgs a;
   a.q = view_of(q, where, "q");
   a.k = view_of(k, where, "k");
@@ -68,6 +69,8 @@ std::string varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb:
   a.k_descale = view_of(k_descale, where, "k_descale");
   a.v_descale = view_of(v_descale, where, "v_descale");
   a.kv_cache_dtype = cache_dtype_arg(kv_cache_dtype, where, "kv_cache_dtype");
+  a.k_scale_cache = view_of(k_scale_cache, where, "k_scale_cache");
+  a.v_scale_cache = view_of(v_scale_cache, where, "v_scale_cache");
   a.backend = backend;
   StreamScope scope(a.q.device(), stream, q);
   varlen_attention(std::move(a), where);
@@ -81,7 +84,8 @@ void register_ops(nb::module_& m) {
   m.def("reshape_and_cache_flash", &reshape_and_cache_flash, arg("key"), arg("value"), arg("key_cache"),
         arg("value_cache"), arg("slot_mapping"), arg("kv_cache_dtype"), arg("k_scale").none(),
         arg("v_scale").none(), arg("stream").none() = nb::none(),
-        "Stores key/value [T, Hkv, D] into the paged caches [NB, BS, Hkv, D] at slot_mapping [N] i64 (-1 skips).");
+        "Stores key/value [T, Hkv, D] into the paged caches [NB, BS, Hkv, D] at slot_mapping [N] i64 (-1 skips); "
+        "per-token-head kv_cache_dtypes write k_scale / v_scale [NB, BS, Hkv] f32.");
   m.def("merge_attn_states", &merge_states, arg("output"), arg("prefix_output"), arg("prefix_lse"),
         arg("suffix_output"), arg("suffix_lse"), arg("output_lse").none() = nb::none(), arg("stream").none() = nb::none(),
         "Merges two partial attention results [T, H, D] by their LSE [H, T].");
@@ -89,8 +93,8 @@ void register_ops(nb::module_& m) {
         arg("cu_seqlens_q"), arg("cu_seqlens_k").none(), arg("seqused_k").none(), arg("block_table").none(),
         arg("max_seqlen_q"), arg("max_seqlen_k"), arg("softmax_scale").none(), arg("causal"), arg("window_left"),
         arg("window_right"), arg("softcap"), arg("alibi_slopes").none(), arg("sinks").none(),
-        arg("k_descale").none(), arg("v_descale").none(), arg("kv_cache_dtype"), arg("backend"), arg("where"),
-        arg("stream").none() = nb::none(),
+        arg("k_descale").none(), arg("v_descale").none(), arg("kv_cache_dtype"), arg("k_scale_cache").none(),
+        arg("v_scale_cache").none(), arg("backend"), arg("where"), arg("stream").none() = nb::none(),
         "FlashAttention varlen attention over a paged or dense KV; returns the backend that ran it.");
 }
 

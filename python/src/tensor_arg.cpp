@@ -56,6 +56,7 @@ std::optional<DType> dtype_of(dl::dtype t) {
     case dl::dtype_code::Bfloat:
       return t.bits == 16 ? std::optional(DType::BF16) : std::nullopt;
     case dl::dtype_code::Int:
+      if (t.bits == 8) return DType::I8;
       if (t.bits == 32) return DType::I32;
       if (t.bits == 64) return DType::I64;
       return std::nullopt;
@@ -146,7 +147,11 @@ Device device_arg(const std::string& name, std::string_view where) {
 
 CacheDType cache_dtype_arg(const std::string& name, std::string_view where, std::string_view argument) {
   const std::optional<CacheDType> t = parse_cache_dtype(name);
-  if (!t) throw_invalid(where, argument, "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", name);
+  if (!t) {
+    throw_invalid(
+        where, argument,
+        "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, int8_per_token_head or fp8_per_token_head", name);
+  }
   return *t;
 }
 

@@ -1,7 +1,5 @@
 #include "varlen_attention.h"
 
-#include "tensor_arg.h"
-
 #include <pagedattn/batch_attention.h>
 #include <pagedattn/error.h>
 
@@ -10,7 +8,10 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
+
+#include "tensor_arg.h"
 
 namespace pagedattn::python {
 namespace {
@@ -187,6 +188,27 @@ void varlen_attention(VarlenArgs a, std::string_view where) {
   check_arg(seq_lens.size() == static_cast<std::size_t>(num_reqs), where, "seqused_k size", num_reqs,
             seq_lens.size());
   o.num_kv_heads = static_cast<int>(key_cache.size(2));
+  KVCacheView cache;
+  if (kv_cache_uses_per_token_head_scales(a.kv_cache_dtype)) {
+    check_arg(paged, where, "kv_quant_mode", "a per-token-head mode with paged k/v (block_table) only",
+              kv_quant_mode_name(kv_quant_mode(a.kv_cache_dtype)));
+    constexpr int kScaleRank = 3;  // [NB, BS, Hkv]
+    for (const auto& [scale, name] :
+         {std::pair{&a.k_scale_cache, "k_scale_cache"}, std::pair{&a.v_scale_cache, "v_scale_cache"}}) {
+      check_arg(scale->defined(), where, name,
+                fmt::format("a [{}, {}, {}] f32 tensor for kv_cache_dtype {}", key_cache.size(0),
+                            key_cache.size(1), key_cache.size(2), cache_dtype_name(a.kv_cache_dtype)),
+                "None");
+      check_rank(*scale, where, name, kScaleRank);
+      check_dtype(*scale, where, name, DType::F32);
+      for (int d = 0; d < kScaleRank; ++d) check_size(*scale, d, where, name, key_cache.size(d));
+    }
+    cache.key_scale = a.k_scale_cache;
+    cache.value_scale = a.v_scale_cache;
+  } else {
+    check_arg(!a.k_scale_cache.defined() && !a.v_scale_cache.defined(), where,
+              "k_scale_cache and v_scale_cache", "None without a per-token-head kv_quant_mode", "a tensor");
+  }
   if (is_quantized_kv_cache(a.kv_cache_dtype)) {
     const DType storage = kv_cache_storage_dtype(a.kv_cache_dtype, o.dtype);
     key_cache = reinterpret(key_cache, storage, where, "k");
@@ -241,7 +263,9 @@ void varlen_attention(VarlenArgs a, std::string_view where) {
   const TensorView k_scale = kv_scale(a.k_descale, where, "k_descale", o.num_kv_heads);
   const TensorView v_scale = kv_scale(a.v_descale, where, "v_descale", o.num_kv_heads);
   attn.plan(cu_q, seq_lens, table, stride);
-  attn.run(a.q, {}, {}, {key_cache, value_cache}, a.out, a.lse, k_scale, v_scale);
+  cache.key = key_cache;
+  cache.value = value_cache;
+  attn.run(a.q, {}, {}, cache, a.out, a.lse, k_scale, v_scale);
 }
 
 }  // namespace pagedattn::python

@@ -1,6 +1,8 @@
 """pagedattn.ops on NumPy arrays (the CPU backends) against the float64
 oracle, and the errors the functions raise for what they cannot honour."""
 
+import enum
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -120,6 +122,43 @@ def test_fp8_cache_written_and_read_through_uint8_bytes():
                           np.full((1, 2), 0.5, np.float32), np.full((1, 2), 0.25, np.float32))
     want, _ = paged_attention(q, kc, vc, [2], kv_lens, table, 0.2)
     np.testing.assert_allclose(out, want, atol=0.1, rtol=0.1)
+
+
+class KVQuantMode(enum.IntEnum):
+    """vLLM's vllm.v1.kv_cache_interface.KVQuantMode (unified_attention reads its name)."""
+    NONE = 0
+    FP8_PER_TENSOR = 1
+    INT8_PER_TOKEN_HEAD = 2
+    FP8_PER_TOKEN_HEAD = 3
+
+
+# fp8 caches travel as uint8 bytes (NumPy's DLPack has no float8), read as e4m3.
+@pytest.mark.parametrize("mode,qmax,storage,read_as", [("INT8_PER_TOKEN_HEAD", 127.0, np.int8, np.int8),
+                                                       ("FP8_PER_TOKEN_HEAD", 448.0, np.uint8, ml_dtypes.float8_e4m3fn)])
+@pytest.mark.parametrize("backend", [None, "REFERENCE"])
+def test_per_token_head_cache_written_and_read_with_its_scales(mode, qmax, storage, read_as, backend):
+    rng = np.random.default_rng(7)
+    seqs = [(1, 20), (3, 30)]
+    q, kc, vc, cu_q, kv_lens, table = make_paged(rng, seqs, 8, 2, 32, 16, 4)
+    kq = np.zeros(kc.shape, dtype=storage)
+    vq = np.zeros(vc.shape, dtype=storage)
+    k_scales = np.zeros(kc.shape[:3], dtype=np.float32)  # [num_blocks, block_size, Hkv], vLLM's layout
+    v_scales = np.zeros_like(k_scales)
+    slots = np.arange(4 * 16, dtype=np.int64)
+    kv_dtype = mode.lower()
+    ops.reshape_and_cache_flash(kc.reshape(-1, 2, 32), vc.reshape(-1, 2, 32), kq, vq, slots, kv_dtype, k_scales,
+                                v_scales)
+    # One scale per (token, KV head): the row's amax maps to qmax.
+    np.testing.assert_allclose(k_scales, np.abs(kc).max(axis=-1) / qmax, rtol=1e-6)
+    k_read = kq.view(read_as).astype(np.float32) * k_scales[..., None]
+    v_read = vq.view(read_as).astype(np.float32) * v_scales[..., None]
+    np.testing.assert_allclose(k_read, kc, atol=0.5 * k_scales.max() if storage == np.int8 else 0.1, rtol=0.07)
+    out = np.empty_like(q)
+    ops.unified_attention(q, kq, vq, out, cu_q, 3, kv_lens, 30, 0.2, True, (-1, -1), table, 0, None, None, None,
+                          backend=backend, kv_quant_mode=KVQuantMode[mode],
+                          k_scale_cache=k_scales, v_scale_cache=v_scales)
+    want, _ = paged_attention(q, k_read, v_read, [1, 3], kv_lens, table, 0.2)
+    np.testing.assert_allclose(out, want, **F32_TOL)
 
 
 def test_merge_attn_states_matches_attention_over_the_union():

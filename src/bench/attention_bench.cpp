@@ -1,13 +1,10 @@
 #include "bench/attention_bench.h"
 
+#include <pagedattn/backend/registry.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/error.h>
+#include <pagedattn/kv_cache.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/backend/registry.h>
-
-#include "bench/batch_spec.h"
-#include "bench/median.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +14,9 @@
 #include <memory>
 #include <numeric>
 #include <random>
+
+#include "bench/batch_spec.h"
+#include "bench/median.h"
 
 namespace pagedattn::bench {
 
@@ -43,13 +43,18 @@ const AttentionBackend& find_backend(std::string_view name) {
 }
 
 // Fills every element of a contiguous-storage tensor with uniform [-1, 1) values.
-void fill_random(const Tensor& t, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+// Values uniform in [lo, hi) over t's physically contiguous elements.
+void fill_random(const Tensor& t, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
   auto* p = static_cast<unsigned char*>(t.data());
   const std::size_t size = t.element_size();
   const auto n = static_cast<std::size_t>(t.numel());
   for (std::size_t i = 0; i < n; ++i) store_from_float(p + i * size, t.dtype(), dist(rng));
 }
+
+// Per-token-head scales of the random caches, times 1 / qmax.
+constexpr float kScaleLo = 0.5f;
+constexpr float kScaleHi = 1.5f;
 
 template <typename F>
 double time_ms(F&& f) {
@@ -63,6 +68,7 @@ struct Workload {
   std::vector<RequestSpec> specs;
   CommonAttentionMetadata common;
   Tensor cache;
+  Tensor scales;  // per-token-head caches only
   KVCacheView kv;
   Tensor query;
   LayerQuantState layer;
@@ -90,8 +96,9 @@ WorkloadSize size_workload(const BenchConfig& c, const std::vector<BatchRequest>
     }
   }
   const auto kv_elem = static_cast<double>(dtype_size(kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype)));
-  const double kv_bytes = static_cast<double>(size.blocks + 1) * c.block_size * c.num_kv_heads * c.head_size *
-                          kKeyAndValue * kv_elem;
+  const double scale_bytes = kv_cache_uses_per_token_head_scales(c.kv_cache_dtype) ? sizeof(float) : 0.0;
+  const double kv_bytes = static_cast<double>(size.blocks + 1) * c.block_size * c.num_kv_heads *
+                          kKeyAndValue * (c.head_size * kv_elem + scale_bytes);
   const double activation_bytes = static_cast<double>(size.tokens) * c.num_heads * c.head_size *
                                   kActivationCopies * static_cast<double>(dtype_size(c.dtype));
   size.bytes = kv_bytes + activation_bytes + static_cast<double>(size.blocks) * kMetadataBytesPerBlock +
@@ -143,12 +150,17 @@ Workload make_workload(const BenchConfig& c, const AttentionBackend& backend) {
   options.block_size = c.block_size;
   w.common = make_common_metadata(w.specs, options);
 
-  const DType storage = kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype);
-  const Dims shape = backend.kv_cache_shape(blocks + 1, c.block_size, c.num_kv_heads, c.head_size, c.kv_cache_dtype);
   const KVCacheLayout layout = backend.required_kv_cache_layout().value_or(c.layout);
-  w.cache = Tensor::empty_strided_order(shape, backend.kv_cache_stride_order(layout), storage, Device::cpu());
-  fill_random(w.cache, rng);
-  w.kv = backend.unbind_kv_cache(w.cache);
+  LayerKVCache cache = allocate_layer_kv_cache(backend, blocks + 1, c.block_size, c.num_kv_heads, c.head_size,
+                                               c.kv_cache_dtype, c.dtype, layout, Device::cpu());
+  w.cache = std::move(cache.cache);
+  w.scales = std::move(cache.scales);
+  // int8 over its whole range; per-token-head scales bring values read back
+  // to about [-1.5, 1.5], as the other dtypes' are.
+  const float qmax = w.cache.dtype() == DType::I8 ? kInt8Max : 1.0f;
+  fill_random(w.cache, rng, -qmax, qmax);
+  if (w.scales.defined()) fill_random(w.scales, rng, kScaleLo / qmax, kScaleHi / qmax);
+  w.kv = backend.unbind_kv_cache(w.cache, w.scales);
   w.query = Tensor::empty({w.common.num_actual_tokens, c.num_heads, c.head_size}, c.dtype);
   fill_random(w.query, rng);
   const std::vector<float> one{1.0f};
@@ -267,7 +279,9 @@ void fill_figures(Timed& t) {
   const double hd = static_cast<double>(c.num_heads) * c.head_size;
   const auto kv_elem = static_cast<double>(dtype_size(kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype)));
   res.flops = 4.0 * pairs * hd;
-  res.bytes = kv_tokens * c.num_kv_heads * c.head_size * 2.0 * kv_elem +
+  // Per-token-head caches also read one f32 K and V scale per (token, KV head).
+  const double scale_bytes = kv_cache_uses_per_token_head_scales(c.kv_cache_dtype) ? sizeof(float) : 0.0;
+  res.bytes = kv_tokens * c.num_kv_heads * 2.0 * (c.head_size * kv_elem + scale_bytes) +
               2.0 * res.num_tokens * hd * static_cast<double>(dtype_size(c.dtype));
   res.tflop_per_s = res.flops / (res.median_ms * 1e-3) / 1e12;
   res.gb_per_s = res.bytes / (res.median_ms * 1e-3) / 1e9;

@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 #include <pagedattn/backend/kv_packing.h>
+#include <pagedattn/backend/token_head_quant.h>
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
 
 #include "conformance/guarded_output.h"
 
@@ -13,16 +17,22 @@ namespace pagedattn::conformance {
 CacheUnderTest::CacheUnderTest(const AttentionBackend& backend, const ConformanceCase& c,
                                std::int64_t num_blocks, Device device)
     : storage_dtype_(kv_cache_storage_dtype(c.kv_cache_dtype, c.dtype)),
-      fp8_(is_quantized_kv_cache(c.kv_cache_dtype)),
+      mode_(kv_quant_mode(c.kv_cache_dtype)),
       block_size_(c.block_size),
       kv_heads_(c.num_kv_heads),
       head_size_(c.head_size) {
-  const Dims shape =
-      backend.kv_cache_shape(num_blocks, c.block_size, c.num_kv_heads, c.head_size, c.kv_cache_dtype);
-  const std::vector<int> order = backend.kv_cache_stride_order(c.layout);
-  storage_ = Tensor::empty_strided_order(shape, order, storage_dtype_, device);
+  // As the layers get theirs: with per-token-head scales in the same allocation.
+  LayerKVCache cache = allocate_layer_kv_cache(backend, num_blocks, c.block_size, c.num_kv_heads, c.head_size,
+                                               c.kv_cache_dtype, c.dtype, c.layout, device);
+  storage_ = std::move(cache.cache);
+  scales_ = std::move(cache.scales);
   fill_tensor_bits(storage_, poison_bits(storage_dtype_));
-  view_ = backend.unbind_kv_cache(storage_);
+  if (scales_.defined()) {
+    fill_tensor_bits(scales_, poison_bits(DType::F32));
+    expected_scales_.assign(static_cast<std::size_t>(scales_.numel()),
+                            std::bit_cast<float>(static_cast<std::uint32_t>(poison_bits(DType::F32))));
+  }
+  view_ = backend.unbind_kv_cache(storage_, scales_);
   const auto poison = poison_bytes(storage_dtype_);
   const auto elements = static_cast<std::size_t>(num_blocks) * c.block_size * c.num_kv_heads * c.head_size;
   for (auto* image : {&expected_key_, &expected_value_}) {
@@ -34,31 +44,77 @@ CacheUnderTest::CacheUnderTest(const AttentionBackend& backend, const Conformanc
 
 void CacheUnderTest::record(std::int64_t slot, const float* key, const float* value,
                             const std::vector<float>& k_scale, const std::vector<float>& v_scale) {
-  encode(expected_key_, slot, key, k_scale);
-  encode(expected_value_, slot, value, v_scale);
+  encode(expected_key_, slot, key, k_scale, 0);
+  encode(expected_value_, slot, value, v_scale, 1);
 }
 
-float CacheUnderTest::read_value(float x, float scale) const {
-  std::array<std::byte, sizeof(double)> buf{};
-  store_from_float(buf.data(), storage_dtype_, fp8_ ? x / scale : x);
-  const double stored = load_as_float(buf.data(), storage_dtype_);
-  return static_cast<float>(fp8_ ? stored * static_cast<double>(scale) : stored);
+float CacheUnderTest::row_scale(const float* x, const std::vector<float>& scale, int h) const {
+  if (mode_ == KVQuantMode::Fp8PerTensor)
+    return scale.size() == 1 ? scale[0] : scale[static_cast<std::size_t>(h)];
+  if (mode_ == KVQuantMode::None) return 1.0f;
+  float amax = 0.0f;
+  for (int d = 0; d < head_size_; ++d) amax = token_head_amax(amax, x[h * head_size_ + d]);
+  return token_head_scale(amax, storage_dtype_);
+}
+
+void CacheUnderTest::store(void* dst, float x, float scale) const {
+  if (mode_ == KVQuantMode::Int8PerTokenHead || mode_ == KVQuantMode::Fp8PerTokenHead) {
+    store_token_head(dst, storage_dtype_, x, token_head_inv_scale(scale));
+  } else {
+    store_from_float(dst, storage_dtype_, mode_ == KVQuantMode::Fp8PerTensor ? x / scale : x);
+  }
+}
+
+void CacheUnderTest::read_back(const float* x, const std::vector<float>& scale, float* out) const {
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(kv_heads_) * head_size_ *
+                                dtype_size(storage_dtype_));
+  for (int h = 0; h < kv_heads_; ++h) {
+    const float s = row_scale(x, scale, h);
+    for (int d = 0; d < head_size_; ++d) {
+      const auto i = static_cast<std::size_t>(h * head_size_ + d);
+      void* stored = &row[i * dtype_size(storage_dtype_)];
+      store(stored, x[i], s);
+      const double value = load_as_float(stored, storage_dtype_);
+      out[i] = static_cast<float>(mode_ == KVQuantMode::None ? value : value * static_cast<double>(s));
+    }
+  }
 }
 
 std::optional<std::string> CacheUnderTest::check() const {
   if (auto bad = compare_half(in_key_order(to_byte_vector(view_.key)), expected_key_, "key")) return bad;
-  return compare_half(to_byte_vector(view_.value), expected_value_, "value");
+  if (auto bad = compare_half(to_byte_vector(view_.value), expected_value_, "value")) return bad;
+  if (!scales_.defined()) return std::nullopt;
+  const std::vector<float> got = to_float_vector(scales_);
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    if (std::bit_cast<std::uint32_t>(got[e]) == std::bit_cast<std::uint32_t>(expected_scales_[e])) continue;
+    const std::size_t h = e % kv_heads_;
+    const std::size_t slot = e / kv_heads_ % block_size_;
+    const std::size_t half = e / kv_heads_ / block_size_ % 2;
+    const std::size_t block = e / kv_heads_ / block_size_ / 2;
+    const bool unwritten = std::isnan(expected_scales_[e]);
+    return fmt::format("kv_cache scales[block {}, {}, offset {}, head {}]: {} (got {}, want {})", block,
+                       half == 0 ? "key" : "value", slot, h,
+                       unwritten ? "scale outside the written slots was modified" : "stored scale differs",
+                       got[e], expected_scales_[e]);
+  }
+  return std::nullopt;
 }
 
 void CacheUnderTest::encode(std::vector<std::uint8_t>& image, std::int64_t slot, const float* x,
-                            const std::vector<float>& scale) const {
+                            const std::vector<float>& scale, int half) {
   const std::size_t es = dtype_size(storage_dtype_);
   for (int h = 0; h < kv_heads_; ++h) {
-    const float s = scale.size() == 1 ? scale[0] : scale[static_cast<std::size_t>(h)];
+    const float s = row_scale(x, scale, h);
+    if (scales_.defined()) {
+      const std::int64_t block = slot / block_size_;
+      const std::int64_t offset = slot % block_size_;
+      expected_scales_[static_cast<std::size_t>(((block * 2 + half) * block_size_ + offset) * kv_heads_ +
+                                                h)] = s;
+    }
     for (int d = 0; d < head_size_; ++d) {
       const std::size_t i = static_cast<std::size_t>(h) * head_size_ + d;
       const auto e = (static_cast<std::size_t>(slot) * kv_heads_ + h) * head_size_ + d;
-      store_from_float(&image[e * es], storage_dtype_, fp8_ ? x[i] / s : x[i]);
+      store(&image[e * es], x[i], s);
     }
   }
 }

@@ -13,7 +13,9 @@
 namespace pagedattn::conformance {
 
 // The paged cache under test and the byte image it must hold: poison
-// everywhere except the slots written, which hold the encoded K/V.
+// everywhere except the slots written, which hold the encoded K/V (and, in a
+// per-token-head cache, their scales; unwritten scales hold an f32 NaN, so
+// a read of an unwritten int8 slot still turns into NaN).
 class CacheUnderTest {
  public:
   CacheUnderTest(const AttentionBackend& backend, const ConformanceCase& c, std::int64_t num_blocks,
@@ -25,15 +27,23 @@ class CacheUnderTest {
   void record(std::int64_t slot, const float* key, const float* value, const std::vector<float>& k_scale,
               const std::vector<float>& v_scale);
 
-  // What attention reads back for model value x stored with `scale`.
-  float read_value(float x, float scale) const;
+  // What attention reads back for one token's model-dtype K or V row `x`
+  // ([Hkv, D]) stored with the per-tensor or per-head `scale` (a
+  // per-token-head cache computes each head's own), into `out` ([Hkv, D]).
+  void read_back(const float* x, const std::vector<float>& scale, float* out) const;
 
   // The first element of either half that differs from the expected image, described.
   std::optional<std::string> check() const;
 
  private:
+  // Encodes a token's row into `image` (and its per-token-head scales into
+  // `scale_image` at [slot, half]).
   void encode(std::vector<std::uint8_t>& image, std::int64_t slot, const float* x,
-              const std::vector<float>& scale) const;
+              const std::vector<float>& scale, int half);
+  // Stores x of a row with scale `scale` as the cache does.
+  void store(void* dst, float x, float scale) const;
+  // The scale of head h of a row: per tensor, per head, or the row's own.
+  float row_scale(const float* x, const std::vector<float>& scale, int h) const;
 
   // The logical bytes [NB, BS, Hkv, D] of the K half from the bytes at each
   // logical position, which a packed K holds in its own order (kv_packing.h).
@@ -44,14 +54,16 @@ class CacheUnderTest {
                                           std::string_view name) const;
 
   DType storage_dtype_;
-  bool fp8_;
+  KVQuantMode mode_;
   int block_size_;
   int kv_heads_;
   int head_size_;
   Tensor storage_;
+  Tensor scales_;  // [NB, 2, BS, Hkv] f32, per-token-head caches only
   KVCacheView view_;
   std::vector<std::uint8_t> expected_key_;
   std::vector<std::uint8_t> expected_value_;
+  std::vector<float> expected_scales_;  // [NB, 2, BS, Hkv]
 };
 
 }  // namespace pagedattn::conformance

@@ -38,8 +38,9 @@ void validate_case(const ConformanceCase& c) {
             fmt::format("{} / {}", c.num_heads, c.num_kv_heads));
   check_arg(c.head_size > 0, where, "head_size", "> 0", c.head_size);
   check_arg(c.block_size > 0, where, "block_size", "> 0", c.block_size);
-  check_arg(!c.per_head_kv_scales || is_quantized_kv_cache(c.kv_cache_dtype), where, "per_head_kv_scales",
-            "only with an fp8 KV cache", cache_dtype_name(c.kv_cache_dtype));
+  check_arg(!c.per_head_kv_scales || kv_quant_mode(c.kv_cache_dtype) == KVQuantMode::Fp8PerTensor, where,
+            "per_head_kv_scales", "only with a per-tensor-scaled fp8 KV cache",
+            cache_dtype_name(c.kv_cache_dtype));
   check_arg(!c.padded_slots || c.attn_type != AttentionType::EncoderDecoder, where, "padded_slots",
             "not with cross-attention", "set");
   if (c.sliding_window) check_arg(*c.sliding_window > 0, where, "sliding_window", "> 0", *c.sliding_window);

@@ -334,6 +334,58 @@ void fp8_sweep(GridBuilder& g) {
   }
 }
 
+// Per-token-head caches (int8 and fp8 with a scale per slot and KV head):
+// dtypes x layouts over decodes, prefills and mixed batches of GQA shapes,
+// some with a window, sinks or a soft cap; then a long split decode, a large
+// group and cross-attention over each.
+void token_head_sweep(GridBuilder& g) {
+  constexpr std::array kTokenHead{CacheDType::Int8PerTokenHead, CacheDType::Fp8PerTokenHead};
+  constexpr std::array kBatches{"mixed_small", "medium_decode_div4", "single_prefill_div8",
+                                "gqa_mixed",   "block_edges",        "mixed_medium_div8"};
+  std::size_t n = 0;
+  for (const CacheDType kv : kTokenHead) {
+    for (const KVCacheLayout layout : kLayouts) {
+      for (const DType dt : kDTypes) {
+        for (int variant = 0; variant < 2; ++variant) {
+          ConformanceCase c = with_shape(kFeatureShapes[n % kFeatureShapes.size()],
+                                         kBlockSizes[(n + 1) % kBlockSizes.size()]);
+          c.dtype = dt;
+          c.layout = layout;
+          c.kv_cache_dtype = kv;
+          c.want_lse = variant == 1;
+          c.padded_slots = n % 4 == 2;
+          c.strided_qkv = n % 3 == 1;
+          if (n % 6 == 1) c.sliding_window = kWindow;
+          if (n % 6 == 3) c.sinks = true;
+          if (n % 6 == 5) {
+            c.soft_cap = kSoftCap;
+            c.scale = kSoftCapScale;
+          }
+          g.add_rotating(c, kBatches, n);
+          ++n;
+        }
+      }
+    }
+    ConformanceCase split = with_shape({8, 2, 64}, 16);
+    split.kv_cache_dtype = kv;
+    split.want_lse = true;
+    split.batch = conformance_batch_spec("long_decode");
+    g.add(split);
+    ConformanceCase group = with_shape({32, 1, 128}, 32);
+    group.kv_cache_dtype = kv;
+    group.layout = KVCacheLayout::HND;
+    group.want_lse = true;
+    group.batch = conformance_batch_spec("gqa_prefill");
+    g.add(group);
+    ConformanceCase cross = with_shape({8, 2, 64}, 16);
+    cross.attn_type = AttentionType::EncoderDecoder;
+    cross.kv_cache_dtype = kv;
+    cross.dtype = DType::F16;
+    cross.batch = conformance_batch_spec("cross_prefill");
+    g.add(cross);
+  }
+}
+
 // Strided inputs, padded slots and LSE against each other.
 void io_sweep(GridBuilder& g) {
   std::size_t n = 0;
@@ -628,6 +680,7 @@ std::vector<ConformanceCase> conformance_grid() {
   }, kMmPrefixBatches);
   cascade_sweep(g);
   fp8_sweep(g);
+  token_head_sweep(g);
   io_sweep(g);
   encoder_sweep(g);
   cross_sweep(g);

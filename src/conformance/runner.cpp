@@ -167,7 +167,8 @@ void CaseRun::make_scales() {
     for (float& a : amax) a = a > 0.0f ? a / kFp8AmaxDivisor : 1.0f;
     return amax;
   };
-  const bool fp8 = is_quantized_kv_cache(c_.kv_cache_dtype);
+  // Per-token-head caches compute their own scales; the layer's stay 1.
+  const bool fp8 = kv_quant_mode(c_.kv_cache_dtype) == KVQuantMode::Fp8PerTensor;
   k_scale_ = fp8 ? scales(keys_) : std::vector<float>{1.0f};
   v_scale_ = fp8 ? scales(values_) : std::vector<float>{1.0f};
   const std::vector<float> one{1.0f};
@@ -180,21 +181,24 @@ void CaseRun::make_scales() {
 }
 
 // Appends positions [first, first + count) of request r, as attention reads
-// them (through the cache's rounding / fp8 round trip when paged).
+// them (through the cache's rounding / quantization round trip when paged).
 void CaseRun::append_read_back(std::size_t r, int first, int count) {
   const std::size_t row = static_cast<std::size_t>(c_.num_kv_heads) * c_.head_size;
   const auto begin = static_cast<std::size_t>(first) * row;
   const auto end = static_cast<std::size_t>(first + count) * row;
-  for (std::size_t i = begin; i < end; ++i) {
-    float k = keys_[r][i];
-    float v = values_[r][i];
-    if (cache_) {
-      const std::size_t h = i % row / static_cast<std::size_t>(c_.head_size);
-      k = cache_->read_value(k, k_scale_.size() == 1 ? k_scale_[0] : k_scale_[h]);
-      v = cache_->read_value(v, v_scale_.size() == 1 ? v_scale_[0] : v_scale_[h]);
-    }
-    read_keys_[r].push_back(k);
-    read_values_[r].push_back(v);
+  if (!cache_) {
+    const auto b = static_cast<std::ptrdiff_t>(begin);
+    const auto e = static_cast<std::ptrdiff_t>(end);
+    read_keys_[r].insert(read_keys_[r].end(), keys_[r].begin() + b, keys_[r].begin() + e);
+    read_values_[r].insert(read_values_[r].end(), values_[r].begin() + b, values_[r].begin() + e);
+    return;
+  }
+  std::vector<float> out(row);
+  for (std::size_t i = begin; i < end; i += row) {
+    cache_->read_back(&keys_[r][i], k_scale_, out.data());
+    read_keys_[r].insert(read_keys_[r].end(), out.begin(), out.end());
+    cache_->read_back(&values_[r][i], v_scale_, out.data());
+    read_values_[r].insert(read_values_[r].end(), out.begin(), out.end());
   }
 }
 
@@ -438,7 +442,8 @@ CaseResult CaseRun::run() {
     steps[s].rows = steps[s].common.num_actual_tokens + (c_.padded_slots ? kPaddingTokens : 0);
   }
 
-  const bool per_head = c_.per_head_kv_scales && is_quantized_kv_cache(c_.kv_cache_dtype);
+  const bool per_head =
+      c_.per_head_kv_scales && kv_quant_mode(c_.kv_cache_dtype) == KVQuantMode::Fp8PerTensor;
   const ProblemSupport support = backend_.problem_support(
       make_attention_problem(params_, c_.block_size, &steps[0].common, want_lse_, per_head));
   if (!support.supported()) return {CaseStatus::Skipped, join(support.reasons)};

@@ -305,6 +305,7 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
 
   const auto engines = static_cast<std::size_t>(model.pipeline_parallel_size());
   kv_cache_.assign(engines, Tensor{});
+  kv_cache_scales_.assign(engines, Tensor{});
   kv_cache_views_.assign(engines, KVCacheView{});
   model.register_layer(layer_name_, this);
 }
@@ -491,6 +492,7 @@ void Attention::process_weights_after_loading(DType act_dtype) {
 std::optional<KVCacheSpec> Attention::get_kv_cache_spec() const {
   if (kv_sharing_target_) return std::nullopt;
   const DType storage = kv_cache_storage_dtype();
+  const KVQuantMode mode = kv_quant_mode(kv_cache_dtype_);
   switch (attn_type_) {
     case AttentionType::Decoder:
       if (sliding_window_) {
@@ -499,19 +501,22 @@ std::optional<KVCacheSpec> Attention::get_kv_cache_spec() const {
                                  .head_size = head_size_,
                                  .dtype = storage,
                                  .head_size_v = head_size_,
+                                 .kv_quant_mode = mode,
                                  .sliding_window = *sliding_window_};
       }
       return FullAttentionSpec{.block_size = block_size_,
                                .num_kv_heads = num_kv_heads_,
                                .head_size = head_size_,
                                .dtype = storage,
-                               .head_size_v = head_size_};
+                               .head_size_v = head_size_,
+                               .kv_quant_mode = mode};
     case AttentionType::EncoderDecoder:
       return CrossAttentionSpec{.block_size = block_size_,
                                 .num_kv_heads = num_kv_heads_,
                                 .head_size = head_size_,
                                 .dtype = storage,
-                                .head_size_v = head_size_};
+                                .head_size_v = head_size_,
+                                .kv_quant_mode = mode};
     case AttentionType::Encoder:
     case AttentionType::EncoderOnly:
       return std::nullopt;
@@ -525,13 +530,24 @@ std::string Attention::extra_repr() const {
                      p.num_heads, p.num_kv_heads, p.scale, impl_->class_name());
 }
 
-void Attention::bind_kv_cache(int virtual_engine, const Tensor& kv_cache) {
+void Attention::bind_kv_cache(int virtual_engine, const Tensor& kv_cache, const Tensor& kv_scales) {
   const std::string where = fmt::format("Attention({}).bind_kv_cache", layer_name_);
   check_virtual_engine(where, virtual_engine);
   check_arg(kv_cache.defined(), where, "kv_cache", "a tensor", "undefined");
   check_dtype(kv_cache, where, "kv_cache", kv_cache_storage_dtype());
   check_device(kv_cache, where, "kv_cache", device_);
-  const KVCacheView view = backend_->unbind_kv_cache(kv_cache);
+  if (kv_cache_uses_per_token_head_scales(kv_cache_dtype_)) {
+    check_arg(kv_scales.defined(), where, "kv_scales",
+              fmt::format("a [NB, 2, {}, {}] f32 tensor for kv_cache_dtype {}", block_size_, num_kv_heads_,
+                          cache_dtype_name(kv_cache_dtype_)),
+              "undefined");
+    check_device(kv_scales, where, "kv_scales", device_);
+  } else {
+    check_arg(!kv_scales.defined(), where, "kv_scales",
+              fmt::format("undefined for kv_cache_dtype {}", cache_dtype_name(kv_cache_dtype_)),
+              kv_scales.describe());
+  }
+  const KVCacheView view = backend_->unbind_kv_cache(kv_cache, kv_scales);
   for (const auto& [half, name] :
        {std::pair{view.key, "kv_cache key half"}, std::pair{view.value, "kv_cache value half"}}) {
     check_rank(half, where, name, 4);
@@ -540,7 +556,12 @@ void Attention::bind_kv_cache(int virtual_engine, const Tensor& kv_cache) {
     check_size(half, 3, where, name, head_size_);
   }
   check_size(view.value, 0, where, "kv_cache value half", view.key.size(0));
+  if (view.key_scale.defined()) {
+    check_size(view.key_scale, 1, where, "kv_scales", block_size_);
+    check_size(view.key_scale, 2, where, "kv_scales", num_kv_heads_);
+  }
   kv_cache_[static_cast<std::size_t>(virtual_engine)] = kv_cache;
+  kv_cache_scales_[static_cast<std::size_t>(virtual_engine)] = kv_scales;
   kv_cache_views_[static_cast<std::size_t>(virtual_engine)] = view;
 }
 
@@ -552,6 +573,11 @@ void Attention::check_virtual_engine(std::string_view where, int virtual_engine)
 const Tensor& Attention::kv_cache(int virtual_engine) const {
   check_virtual_engine(fmt::format("Attention({}).kv_cache", layer_name_), virtual_engine);
   return kv_cache_[static_cast<std::size_t>(virtual_engine)];
+}
+
+const Tensor& Attention::kv_cache_scales(int virtual_engine) const {
+  check_virtual_engine(fmt::format("Attention({}).kv_cache_scales", layer_name_), virtual_engine);
+  return kv_cache_scales_[static_cast<std::size_t>(virtual_engine)];
 }
 
 const KVCacheView& Attention::kv_cache_view(int virtual_engine) const {

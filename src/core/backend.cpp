@@ -12,6 +12,7 @@ namespace {
 // Logical KV cache dimensions: (kv, block, slot, head, dim).
 constexpr int kKvCacheRank = 5;
 constexpr int kNumKvHalves = 2;
+constexpr int kScaleRank = 4;  // (block, kv, slot, head)
 
 }  // namespace
 
@@ -55,20 +56,64 @@ std::string_view cache_dtype_name(CacheDType t) {
       return "fp8_e4m3";
     case CacheDType::Fp8E5M2:
       return "fp8_e5m2";
+    case CacheDType::Int8PerTokenHead:
+      return "int8_per_token_head";
+    case CacheDType::Fp8PerTokenHead:
+      return "fp8_per_token_head";
   }
   return "unknown";
 }
 
+std::vector<CacheDType> all_cache_dtypes() {
+  return {
+      CacheDType::Auto,    CacheDType::Float16, CacheDType::BFloat16,         CacheDType::Fp8,
+      CacheDType::Fp8E4M3, CacheDType::Fp8E5M2, CacheDType::Int8PerTokenHead, CacheDType::Fp8PerTokenHead};
+}
+
 std::optional<CacheDType> parse_cache_dtype(std::string_view name) {
-  for (CacheDType t : {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16, CacheDType::Fp8,
-                       CacheDType::Fp8E4M3, CacheDType::Fp8E5M2}) {
+  for (CacheDType t : all_cache_dtypes()) {
     if (detail::iequals(name, cache_dtype_name(t))) return t;
   }
   return std::nullopt;
 }
 
-bool is_quantized_kv_cache(CacheDType t) {
-  return t == CacheDType::Fp8 || t == CacheDType::Fp8E4M3 || t == CacheDType::Fp8E5M2;
+bool is_quantized_kv_cache(CacheDType t) { return kv_quant_mode(t) != KVQuantMode::None; }
+
+KVQuantMode kv_quant_mode(CacheDType t) {
+  switch (t) {
+    case CacheDType::Auto:
+    case CacheDType::Float16:
+    case CacheDType::BFloat16:
+      return KVQuantMode::None;
+    case CacheDType::Fp8:
+    case CacheDType::Fp8E4M3:
+    case CacheDType::Fp8E5M2:
+      return KVQuantMode::Fp8PerTensor;
+    case CacheDType::Int8PerTokenHead:
+      return KVQuantMode::Int8PerTokenHead;
+    case CacheDType::Fp8PerTokenHead:
+      return KVQuantMode::Fp8PerTokenHead;
+  }
+  return KVQuantMode::None;
+}
+
+std::string_view kv_quant_mode_name(KVQuantMode m) {
+  switch (m) {
+    case KVQuantMode::None:
+      return "NONE";
+    case KVQuantMode::Fp8PerTensor:
+      return "FP8_PER_TENSOR";
+    case KVQuantMode::Int8PerTokenHead:
+      return "INT8_PER_TOKEN_HEAD";
+    case KVQuantMode::Fp8PerTokenHead:
+      return "FP8_PER_TOKEN_HEAD";
+  }
+  return "unknown";
+}
+
+bool kv_cache_uses_per_token_head_scales(CacheDType t) {
+  const KVQuantMode m = kv_quant_mode(t);
+  return m == KVQuantMode::Int8PerTokenHead || m == KVQuantMode::Fp8PerTokenHead;
 }
 
 DType kv_cache_storage_dtype(CacheDType t, DType model_dtype) {
@@ -81,9 +126,12 @@ DType kv_cache_storage_dtype(CacheDType t, DType model_dtype) {
       return DType::BF16;
     case CacheDType::Fp8:
     case CacheDType::Fp8E4M3:
+    case CacheDType::Fp8PerTokenHead:
       return DType::FP8_E4M3;
     case CacheDType::Fp8E5M2:
       return DType::FP8_E5M2;
+    case CacheDType::Int8PerTokenHead:
+      return DType::I8;
   }
   return model_dtype;
 }
@@ -121,12 +169,33 @@ std::vector<int> AttentionBackend::kv_cache_stride_order(KVCacheLayout layout) c
   return {0, 1, 2, 3, 4};
 }
 
-KVCacheView AttentionBackend::unbind_kv_cache(const TensorView& kv_cache) const {
-  check_rank(kv_cache, "unbind_kv_cache", "kv_cache", kKvCacheRank);
-  check_size(kv_cache, 0, "unbind_kv_cache", "kv_cache", kNumKvHalves);
+KVCacheView AttentionBackend::unbind_kv_cache(const TensorView& kv_cache, const TensorView& kv_scales) const {
+  constexpr std::string_view where = "unbind_kv_cache";
+  check_rank(kv_cache, where, "kv_cache", kKvCacheRank);
+  check_size(kv_cache, 0, where, "kv_cache", kNumKvHalves);
   KVCacheView view{kv_cache.select(0, 0), kv_cache.select(0, 1)};
-  view.key_packing = key_packing(view.key);
+  // A per-token-head cache keeps K row-major: its readers dequantize rows
+  // with their scales, which no packed path does.
+  view.key_packing = kv_scales.defined() ? KeyPacking::None : key_packing(view.key);
+  if (kv_scales.defined()) {
+    // [NB, 2, BS, Hkv]: the block count and slots of the cache.
+    check_rank(kv_scales, where, "kv_scales", kScaleRank);
+    check_dtype(kv_scales, where, "kv_scales", DType::F32);
+    check_device(kv_scales, where, "kv_scales", kv_cache.device());
+    check_size(kv_scales, 0, where, "kv_scales", view.key.size(0));
+    check_size(kv_scales, 1, where, "kv_scales", kNumKvHalves);
+    check_size(kv_scales, 2, where, "kv_scales", view.key.size(1));
+    check_size(kv_scales, 3, where, "kv_scales", view.key.size(2));
+    view.key_scale = kv_scales.select(1, 0);
+    view.value_scale = kv_scales.select(1, 1);
+  }
   return view;
+}
+
+KVWriteScales kv_write_scales(CacheDType kv_cache_dtype, const LayerQuantState& layer,
+                              const KVCacheView& kv_cache) {
+  if (kv_cache_uses_per_token_head_scales(kv_cache_dtype)) return {kv_cache.key_scale, kv_cache.value_scale};
+  return {layer.k_scale, layer.v_scale};
 }
 
 std::string_view key_packing_name(KeyPacking packing) { return packing == KeyPacking::None ? "none" : "keys16"; }
@@ -255,6 +324,7 @@ AttentionProblem make_attention_problem(const AttentionImplParams& params, int b
   p.head_size = params.head_size;
   p.dtype = params.dtype;
   p.kv_storage_dtype = kv_cache_storage_dtype(params.kv_cache_dtype, params.dtype);
+  p.kv_cache_dtype = params.kv_cache_dtype;
   p.block_size = block_size;
   p.attn_type = params.attn_type;
   p.causal = params.attn_type == AttentionType::Decoder && (common == nullptr || common->causal);

@@ -13,7 +13,7 @@ namespace pagedattn {
 namespace {
 
 // Every accepted spelling (lower case) and the type it names; canonical names first.
-constexpr std::array<std::pair<std::string_view, DType>, 27> kDTypeAliases{{
+constexpr std::array<std::pair<std::string_view, DType>, 29> kDTypeAliases{{
     {"f32", DType::F32},
     {"f16", DType::F16},
     {"bf16", DType::BF16},
@@ -22,6 +22,7 @@ constexpr std::array<std::pair<std::string_view, DType>, 27> kDTypeAliases{{
     {"i32", DType::I32},
     {"i64", DType::I64},
     {"u8", DType::U8},
+    {"i8", DType::I8},
     {"float32", DType::F32},
     {"float", DType::F32},
     {"fp32", DType::F32},
@@ -41,6 +42,7 @@ constexpr std::array<std::pair<std::string_view, DType>, 27> kDTypeAliases{{
     {"long", DType::I64},
     {"uint8", DType::U8},
     {"byte", DType::U8},
+    {"int8", DType::I8},
 }};
 
 constexpr std::string_view kCudaPrefix = "cuda:";
@@ -65,6 +67,8 @@ std::string_view dtype_name(DType t) {
       return "i64";
     case DType::U8:
       return "u8";
+    case DType::I8:
+      return "i8";
   }
   return "unknown";
 }

@@ -170,6 +170,24 @@ TEST(ScalarSaturation, Fp8E5M2SaturatesToMaxFinite) {
   EXPECT_TRUE(std::isinf(fp8_e5m2_to_float(0x7C)));
 }
 
+TEST(ScalarSaturation, Int8RoundsToNearestEvenAndSaturates) {
+  EXPECT_EQ(float_to_i8(2.5f), 2);
+  EXPECT_EQ(float_to_i8(3.5f), 4);
+  EXPECT_EQ(float_to_i8(-2.5f), -2);
+  EXPECT_EQ(float_to_i8(2.4999998f), 2);
+  EXPECT_EQ(float_to_i8(126.5f), 126);
+  EXPECT_EQ(float_to_i8(127.5f), 127);
+  EXPECT_EQ(float_to_i8(1e9f), 127);
+  EXPECT_EQ(float_to_i8(-128.5f), -128);
+  EXPECT_EQ(float_to_i8(-kInf), -128);
+  EXPECT_EQ(float_to_i8(std::numeric_limits<float>::quiet_NaN()), 0);
+  EXPECT_EQ(dtype_size(DType::I8), 1u);
+  EXPECT_FALSE(is_floating(DType::I8));
+  std::int8_t b = 0;
+  store_from_float(&b, DType::I8, -7.0f);
+  EXPECT_EQ(load_as_float(&b, DType::I8), -7.0f);
+}
+
 TEST(ScalarSaturation, F16AndBF16OverflowToInfinity) {
   EXPECT_EQ(float_to_f16_bits(kInf), 0x7C00u);
   EXPECT_EQ(float_to_f16_bits(-kInf), 0xFC00u);
@@ -225,7 +243,7 @@ TEST(ScalarSubnormals, Fp8E5M2) {
 
 TEST(ScalarGeneric, LoadStoreEveryDType) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::FP8_E4M3, DType::FP8_E5M2, DType::I32,
-                  DType::I64, DType::U8}) {
+                  DType::I64, DType::U8, DType::I8}) {
     std::uint64_t storage = 0;
     store_from_float(&storage, t, 3.0f);
     EXPECT_EQ(load_as_float(&storage, t), 3.0f) << dtype_name(t);
@@ -241,7 +259,7 @@ TEST(ScalarGeneric, LoadStoreEveryDType) {
 
 TEST(DtypeNames, CanonicalNamesRoundTrip) {
   for (DType t : {DType::F32, DType::F16, DType::BF16, DType::FP8_E4M3, DType::FP8_E5M2, DType::I32,
-                  DType::I64, DType::U8}) {
+                  DType::I64, DType::U8, DType::I8}) {
     EXPECT_EQ(parse_dtype(dtype_name(t)), t) << dtype_name(t);
   }
   EXPECT_EQ(dtype_name(DType::FP8_E4M3), "fp8_e4m3");
@@ -259,6 +277,7 @@ TEST(DtypeNames, Aliases) {
   EXPECT_EQ(parse_dtype("int32"), DType::I32);
   EXPECT_EQ(parse_dtype("int64"), DType::I64);
   EXPECT_EQ(parse_dtype("uint8"), DType::U8);
+  EXPECT_EQ(parse_dtype("int8"), DType::I8);
   EXPECT_FALSE(parse_dtype("f64").has_value());
   EXPECT_FALSE(parse_dtype("").has_value());
 }

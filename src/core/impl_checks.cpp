@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 namespace pagedattn {
 namespace {
@@ -51,6 +52,24 @@ void check_kv_scale(std::string_view where, const TensorView& scale, std::string
   }
 }
 
+void check_token_scales(std::string_view where, const KVCacheView& kv, Device device) {
+  constexpr int kScaleHalfRank = 3;  // [NB, BS, Hkv]
+  for (const auto& [scale, name] :
+       {std::pair{&kv.key_scale, "kv_cache.key_scale"}, std::pair{&kv.value_scale, "kv_cache.value_scale"}}) {
+    check_arg(scale->defined(), where, name, "the [NB, BS, Hkv] f32 scales of a per-token-head cache",
+              "undefined");
+    check_rank(*scale, where, name, kScaleHalfRank);
+    check_dtype(*scale, where, name, DType::F32);
+    check_device(*scale, where, name, device);
+    for (int d = 0; d < kScaleHalfRank; ++d) check_size(*scale, d, where, name, kv.key.size(d));
+  }
+  if (kv.value_scale.strides() != kv.key_scale.strides()) {
+    throw_invalid(where, "kv_cache.value_scale strides",
+                  fmt::format("kv_cache.key_scale's ({})", kv.key_scale.strides().str()),
+                  kv.value_scale.strides().str());
+  }
+}
+
 void check_impl_params(std::string_view where, const AttentionImplParams& p) {
   check_arg(p.num_heads > 0, where, "num_heads", "> 0", p.num_heads);
   check_arg(p.num_kv_heads > 0, where, "num_kv_heads", "> 0", p.num_kv_heads);
@@ -90,7 +109,9 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
   shape.paged = reads_paged_cache(p.attn_type);
   shape.block_size = common.block_size;
   shape.cache_storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
-  shape.fp8 = is_quantized_kv_cache(p.kv_cache_dtype);
+  shape.quant_mode = kv_quant_mode(p.kv_cache_dtype);
+  shape.fp8 = shape.quant_mode == KVQuantMode::Fp8PerTensor;
+  shape.token_head_scales = kv_cache_uses_per_token_head_scales(p.kv_cache_dtype);
 
   check_arg(common.device() == device, where, "metadata device", device, common.device());
   if (const int chunk = p.attention_chunk_size.value_or(0); common.local_chunk_size != chunk) {
@@ -147,6 +168,11 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
                       std::to_string(layer.v_scale.size(0)));
       }
       shape.per_head_kv_scales = layer.k_scale.size(0) > 1;
+    }
+    if (shape.token_head_scales) {
+      check_token_scales(where, kv_cache, device);
+      check_arg(kv_cache.key_packing == KeyPacking::None, where, "kv_cache.key_packing",
+                "none (per-token-head caches keep K row-major)", key_packing_name(kv_cache.key_packing));
     }
   } else {
     check_rows(where, key, "key", device, tokens, p.num_kv_heads, p.head_size);

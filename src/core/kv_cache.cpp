@@ -3,15 +3,52 @@
 #include <pagedattn/kv_cache.h>
 
 #include <algorithm>
+#include <array>
+#include <limits>
 
 namespace pagedattn {
 namespace {
 
+constexpr int kNumKvHalves = 2;
+constexpr std::size_t kScaleBytes = sizeof(float);
+
 std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
-std::size_t page_bytes(int block_size, int num_kv_heads, int head_size, int head_size_v, DType dtype) {
-  return static_cast<std::size_t>(block_size) * static_cast<std::size_t>(num_kv_heads) *
-         static_cast<std::size_t>(head_size + head_size_v) * dtype_size(dtype);
+// a * b, or InvalidArgument naming `what` when it overflows size_t.
+std::size_t checked_mul(std::size_t a, std::size_t b, std::string_view where, std::string_view what) {
+  check_arg(b == 0 || a <= std::numeric_limits<std::size_t>::max() / b, where, what,
+            "a size that fits in size_t", fmt::format("{} * {}", a, b));
+  return a * b;
+}
+
+std::size_t checked_add(std::size_t a, std::size_t b, std::string_view where, std::string_view what) {
+  check_arg(a <= std::numeric_limits<std::size_t>::max() - b, where, what, "a size that fits in size_t",
+            fmt::format("{} + {}", a, b));
+  return a + b;
+}
+
+std::size_t page_bytes(int block_size, int num_kv_heads, int head_size, int head_size_v, DType dtype,
+                       KVQuantMode mode) {
+  constexpr std::string_view where = "page_size_bytes";
+  check_arg(block_size > 0 && num_kv_heads > 0 && head_size > 0 && head_size_v > 0, where,
+            "block_size, num_kv_heads, head_size, head_size_v", "> 0",
+            fmt::format("{}, {}, {}, {}", block_size, num_kv_heads, head_size, head_size_v));
+  const std::size_t slots = checked_mul(static_cast<std::size_t>(block_size),
+                                        static_cast<std::size_t>(num_kv_heads), where, "page size");
+  const std::size_t dims = static_cast<std::size_t>(head_size) + static_cast<std::size_t>(head_size_v);
+  const std::size_t data =
+      checked_mul(checked_mul(slots, dims, where, "page size"), dtype_size(dtype), where, "page size");
+  if (mode != KVQuantMode::Int8PerTokenHead && mode != KVQuantMode::Fp8PerTokenHead) return data;
+  // One f32 scale per (slot, KV head) for K and one for V.
+  const std::size_t scales = checked_mul(slots, kNumKvHalves * kScaleBytes, where, "page size");
+  return checked_add(data, scales, where, "page size");
+}
+
+std::size_t checked_numel(const Dims& shape, std::size_t element_size, std::string_view where,
+                          std::string_view what) {
+  std::size_t n = element_size;
+  for (std::int64_t s : shape) n = checked_mul(n, static_cast<std::size_t>(s), where, what);
+  return n;
 }
 
 std::size_t checked_limit(int value, std::string_view name) {
@@ -41,7 +78,7 @@ const Attention& cache_owner(const ModelContext& model, const Attention& layer) 
 }  // namespace
 
 std::size_t FullAttentionSpec::page_size_bytes() const {
-  return page_bytes(block_size, num_kv_heads, head_size, head_size_v, dtype);
+  return page_bytes(block_size, num_kv_heads, head_size, head_size_v, dtype, kv_quant_mode);
 }
 
 std::size_t FullAttentionSpec::max_memory_usage_bytes(const KVCacheLimits& limits) const {
@@ -50,7 +87,7 @@ std::size_t FullAttentionSpec::max_memory_usage_bytes(const KVCacheLimits& limit
 }
 
 std::size_t SlidingWindowSpec::page_size_bytes() const {
-  return page_bytes(block_size, num_kv_heads, head_size, head_size_v, dtype);
+  return page_bytes(block_size, num_kv_heads, head_size, head_size_v, dtype, kv_quant_mode);
 }
 
 std::size_t SlidingWindowSpec::max_memory_usage_bytes(const KVCacheLimits& limits) const {
@@ -63,7 +100,7 @@ std::size_t SlidingWindowSpec::max_memory_usage_bytes(const KVCacheLimits& limit
 }
 
 std::size_t CrossAttentionSpec::page_size_bytes() const {
-  return page_bytes(block_size, num_kv_heads, head_size, head_size_v, dtype);
+  return page_bytes(block_size, num_kv_heads, head_size, head_size_v, dtype, kv_quant_mode);
 }
 
 std::size_t CrossAttentionSpec::max_memory_usage_bytes(const KVCacheLimits& limits) const {
@@ -93,6 +130,49 @@ std::string_view spec_kind_name(const KVCacheSpec& spec) {
   return std::visit(Namer{}, spec);
 }
 
+Dims kv_cache_scale_shape(std::int64_t num_blocks, int block_size, int num_kv_heads) {
+  constexpr std::string_view where = "kv_cache_scale_shape";
+  check_arg(num_blocks > 0, where, "num_blocks", "> 0", num_blocks);
+  check_arg(block_size > 0, where, "block_size", "> 0", block_size);
+  check_arg(num_kv_heads > 0, where, "num_kv_heads", "> 0", num_kv_heads);
+  return Dims{num_blocks, kNumKvHalves, block_size, num_kv_heads};
+}
+
+LayerKVCache allocate_layer_kv_cache(const AttentionBackend& backend, std::int64_t num_blocks, int block_size,
+                                     int num_kv_heads, int head_size, CacheDType cache_dtype,
+                                     DType model_dtype, KVCacheLayout layout, Device device) {
+  constexpr std::string_view where = "allocate_layer_kv_cache";
+  const Dims shape = backend.kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype);
+  const std::vector<int> order = backend.kv_cache_stride_order(layout);
+  const DType storage = kv_cache_storage_dtype(cache_dtype, model_dtype);
+  DeviceAllocator& allocator = device_allocator(device.type);
+  LayerKVCache result;
+  if (!kv_cache_uses_per_token_head_scales(cache_dtype)) {
+    result.cache = Tensor::empty_strided_order(shape, order, storage, device);
+    result.bytes = result.cache.span_bytes();
+    allocator.memset(result.cache.data(), device, 0, result.bytes);
+    return result;
+  }
+  // One allocation: the K/V elements in their physical order, then the scales.
+  const Dims scale_shape = kv_cache_scale_shape(num_blocks, block_size, num_kv_heads);
+  const std::size_t data_bytes = checked_numel(shape, dtype_size(storage), where, "kv cache bytes");
+  const std::size_t scale_offset =
+      checked_mul(ceil_div(data_bytes, kScaleRegionAlign), kScaleRegionAlign, where, "kv cache bytes");
+  const std::size_t total =
+      checked_add(scale_offset, checked_numel(scale_shape, kScaleBytes, where, "kv cache bytes"), where,
+                  "kv cache bytes");
+  check_arg(total <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()), where,
+            "kv cache bytes", "at most INT64_MAX", total);
+  const Tensor raw = Tensor::empty({static_cast<std::int64_t>(total)}, DType::U8, device);
+  allocator.memset(raw.data(), device, 0, total);
+  result.cache = carve_strided_order(raw, 0, shape, order, storage);
+  constexpr int kScaleRank = 4;
+  constexpr std::array<int, kScaleRank> kRowMajor{0, 1, 2, 3};
+  result.scales = carve_strided_order(raw, scale_offset, scale_shape, kRowMajor, DType::F32);
+  result.bytes = total;
+  return result;
+}
+
 KVCacheAllocation allocate_kv_caches(ModelContext& model, const KVCacheAllocationOptions& options) {
   constexpr std::string_view where = "allocate_kv_caches";
   const std::int64_t min_blocks = options.reserve_null_block ? 2 : 1;
@@ -107,16 +187,13 @@ KVCacheAllocation allocate_kv_caches(ModelContext& model, const KVCacheAllocatio
   const int engines = model.pipeline_parallel_size();
   for (Attention* layer : model.layers()) {
     if (!layer->get_kv_cache_spec()) continue;
-    const AttentionBackend& backend = layer->backend();
-    const Dims shape = backend.kv_cache_shape(options.num_blocks, layer->block_size(), layer->num_kv_heads(),
-                                              layer->head_size(), layer->kv_cache_dtype());
-    const std::vector<int> order = backend.kv_cache_stride_order(layer->kv_cache_layout());
     for (int engine = 0; engine < engines; ++engine) {
-      const Tensor cache =
-          Tensor::empty_strided_order(shape, order, layer->kv_cache_storage_dtype(), model.device());
-      device_allocator(model.device().type).memset(cache.data(), model.device(), 0, cache.span_bytes());
-      layer->bind_kv_cache(engine, cache);
-      result.bytes += cache.span_bytes();
+      const LayerKVCache cache =
+          allocate_layer_kv_cache(layer->backend(), options.num_blocks, layer->block_size(),
+                                  layer->num_kv_heads(), layer->head_size(), layer->kv_cache_dtype(),
+                                  layer->dtype(), layer->kv_cache_layout(), model.device());
+      layer->bind_kv_cache(engine, cache.cache, cache.scales);
+      result.bytes += cache.bytes;
     }
     ++result.num_cache_layers;
   }
@@ -127,7 +204,7 @@ KVCacheAllocation allocate_kv_caches(ModelContext& model, const KVCacheAllocatio
       const Tensor& cache = owner.kv_cache(engine);
       check_arg(cache.defined(), where, fmt::format("{} kv_sharing_target_layer_name", layer->layer_name()),
                 "a layer that owns a KV cache", owner.layer_name());
-      layer->bind_kv_cache(engine, cache);
+      layer->bind_kv_cache(engine, cache, owner.kv_cache_scales(engine));
     }
     ++result.num_shared_layers;
   }

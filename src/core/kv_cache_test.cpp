@@ -3,9 +3,12 @@
 #include <pagedattn/attention.h>
 #include <pagedattn/kv_cache.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
+#include <utility>
 
 #include "testing/expect_error.h"
 
@@ -50,6 +53,44 @@ TEST(KVCacheSpec, MaxMemoryUsage) {
   const CrossAttentionSpec cross{.block_size = 16, .num_kv_heads = 8, .head_size = 128, .dtype = DType::BF16};
   EXPECT_EQ(cross.max_memory_usage_bytes(limits), 94u * 65536u);
   expect_invalid([&] { full.max_memory_usage_bytes(KVCacheLimits{.max_model_len = -1}); }, "max_model_len");
+}
+
+TEST(KVCacheSpec, PerTokenHeadPagesHoldTheirScales) {
+  // BS 16, Hkv 8, D 128: 2 * 16 * 8 * 128 one-byte elements, plus one f32
+  // scale per (slot, KV head) for K and for V: 2 * 16 * 8 * 4 bytes.
+  for (const auto& [dtype, mode] : {std::pair{DType::I8, KVQuantMode::Int8PerTokenHead},
+                                    std::pair{DType::FP8_E4M3, KVQuantMode::Fp8PerTokenHead}}) {
+    const FullAttentionSpec full{
+        .block_size = 16, .num_kv_heads = 8, .head_size = 128, .dtype = dtype, .kv_quant_mode = mode};
+    EXPECT_EQ(full.page_size_bytes(), 32768u + 1024u);
+    const SlidingWindowSpec window{.block_size = 16,
+                                   .num_kv_heads = 8,
+                                   .head_size = 128,
+                                   .dtype = dtype,
+                                   .kv_quant_mode = mode,
+                                   .sliding_window = 64};
+    EXPECT_EQ(window.page_size_bytes(), 32768u + 1024u);
+  }
+  // Per-tensor fp8 keeps its scales in the layer, not the page.
+  const CrossAttentionSpec per_tensor{.block_size = 16,
+                                      .num_kv_heads = 8,
+                                      .head_size = 128,
+                                      .dtype = DType::FP8_E4M3,
+                                      .kv_quant_mode = KVQuantMode::Fp8PerTensor};
+  EXPECT_EQ(per_tensor.page_size_bytes(), 32768u);
+}
+
+TEST(KVCacheSpec, PageSizeOverflowIsAnError) {
+  constexpr int kHuge = std::numeric_limits<int>::max();
+  const FullAttentionSpec huge{.block_size = kHuge,
+                               .num_kv_heads = kHuge,
+                               .head_size = kHuge,
+                               .dtype = DType::I8,
+                               .kv_quant_mode = KVQuantMode::Int8PerTokenHead};
+  expect_invalid([&] { static_cast<void>(huge.page_size_bytes()); },
+                 "page_size_bytes: page size must be a size that fits in size_t");
+  const FullAttentionSpec empty{.block_size = 0, .num_kv_heads = 8, .head_size = 128, .dtype = DType::BF16};
+  expect_invalid([&] { static_cast<void>(empty.page_size_bytes()); }, "must be > 0, got 0, 8, 128, 128");
 }
 
 // -------------------------------------------------------------- allocation
@@ -239,6 +280,72 @@ TEST(KVCacheAllocation, BindRejectsForeignTensors) {
   expect_invalid([&] { layer.bind_kv_cache(0, wrong_heads); }, "kv_cache key half size(2) must be 2");
   expect_invalid([&] { layer.bind_kv_cache(1, wrong_heads); }, "virtual_engine must be in [0, 1), got 1");
   EXPECT_FALSE(layer.kv_cache(0).defined());
+}
+
+AttentionOptions int8_layer_options(const std::string& prefix, const AttentionBackend& backend) {
+  AttentionOptions o = layer_options(prefix, backend);
+  o.cache_config->cache_dtype = CacheDType::Int8PerTokenHead;
+  return o;
+}
+
+TEST(KVCacheAllocation, PerTokenHeadScalesShareTheLayersAllocation) {
+  const ShapeOnlyBackend backend;
+  ModelContext model(f32_model());
+  Attention layer(model, kHeads, kHeadSize, 0.5f, int8_layer_options("layers.0.attn", backend));
+  AttentionOptions sharing = int8_layer_options("layers.1.attn", backend);
+  sharing.kv_sharing_target_layer_name = "layers.0.attn";
+  Attention second(model, kHeads, kHeadSize, 0.5f, sharing);
+  const KVCacheAllocation alloc = allocate_kv_caches(model, {.num_blocks = kNumBlocks});
+
+  const Tensor& cache = layer.kv_cache(0);
+  const Tensor& scales = layer.kv_cache_scales(0);
+  EXPECT_EQ(cache.dtype(), DType::I8);
+  EXPECT_EQ(scales.shape(), (Dims{kNumBlocks, 2, kBlock, kKVHeads}));
+  EXPECT_EQ(scales.dtype(), DType::F32);
+  EXPECT_EQ(scales.storage(), cache.storage());
+  // The scales start at the K/V bytes rounded up to kScaleRegionAlign.
+  constexpr std::size_t kDataBytes = 2 * kNumBlocks * kBlock * kKVHeads * kHeadSize;
+  constexpr std::size_t kScaleOffset =
+      (kDataBytes + kScaleRegionAlign - 1) / kScaleRegionAlign * kScaleRegionAlign;
+  EXPECT_EQ(static_cast<const std::uint8_t*>(scales.data()) - static_cast<const std::uint8_t*>(cache.data()),
+            static_cast<std::ptrdiff_t>(kScaleOffset));
+  EXPECT_EQ(alloc.bytes, kScaleOffset + kNumBlocks * 2 * kBlock * kKVHeads * sizeof(float));
+  EXPECT_TRUE(all_zero(cache));
+  EXPECT_TRUE(all_zero(scales));
+
+  const KVCacheView& kv = layer.kv_cache_view(0);
+  EXPECT_EQ(kv.key_scale.shape(), (Dims{kNumBlocks, kBlock, kKVHeads}));
+  EXPECT_EQ(kv.key_scale.strides(), (Dims{2 * kBlock * kKVHeads, kKVHeads, 1}));
+  EXPECT_EQ(kv.value_scale.strides(), kv.key_scale.strides());
+  EXPECT_EQ(static_cast<const float*>(kv.value_scale.data()) - static_cast<const float*>(kv.key_scale.data()),
+            kBlock * kKVHeads);
+  EXPECT_EQ(second.kv_cache_scales(0).data(), scales.data());
+  EXPECT_EQ(second.kv_cache_view(0).key_scale.data(), kv.key_scale.data());
+  EXPECT_EQ(kv_cache_bytes_per_block(model),
+            static_cast<std::size_t>(2 * kBlock * kKVHeads * kHeadSize + 2 * kBlock * kKVHeads * 4));
+}
+
+TEST(KVCacheAllocation, BindChecksPerTokenHeadScales) {
+  const ShapeOnlyBackend backend;
+  ModelContext model(f32_model());
+  Attention int8(model, kHeads, kHeadSize, 0.5f, int8_layer_options("layers.0.attn", backend));
+  Attention plain(model, kHeads, kHeadSize, 0.5f, layer_options("layers.1.attn", backend));
+  const Tensor i8_cache = Tensor::zeros({2, kNumBlocks, kBlock, kKVHeads, kHeadSize}, DType::I8);
+  const Tensor scales = Tensor::zeros({kNumBlocks, 2, kBlock, kKVHeads}, DType::F32);
+  expect_invalid([&] { int8.bind_kv_cache(0, i8_cache); },
+                 "kv_scales must be a [NB, 2, 4, 2] f32 tensor for kv_cache_dtype int8_per_token_head, got "
+                 "undefined");
+  const Tensor short_scales = Tensor::zeros({kNumBlocks - 1, 2, kBlock, kKVHeads}, DType::F32);
+  expect_invalid([&] { int8.bind_kv_cache(0, i8_cache, short_scales); },
+                 "kv_scales size(0) must be 6, got 5");
+  const Tensor i8_scales = Tensor::zeros({kNumBlocks, 2, kBlock, kKVHeads}, DType::I8);
+  expect_invalid([&] { int8.bind_kv_cache(0, i8_cache, i8_scales); }, "kv_scales dtype must be f32, got i8");
+  EXPECT_FALSE(int8.kv_cache(0).defined());
+  const Tensor f32_cache = Tensor::zeros({2, kNumBlocks, kBlock, kKVHeads, kHeadSize}, DType::F32);
+  expect_invalid([&] { plain.bind_kv_cache(0, f32_cache, scales); },
+                 "kv_scales must be undefined for kv_cache_dtype auto");
+  int8.bind_kv_cache(0, i8_cache, scales);
+  EXPECT_EQ(int8.kv_cache_view(0).key_scale.data(), scales.data());
 }
 
 }  // namespace

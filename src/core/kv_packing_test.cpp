@@ -132,7 +132,8 @@ TEST(ReshapeAndCachePacked, KeysLandAtPackedPositionsValuesStayRowMajor) {
 // A CPU ops set that writes only row-major K (the default) and counts writes.
 struct RowMajorOnlyOps final : OpsImpl {
   void reshape_and_cache(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                         const TensorView&, const TensorView&, const TensorView&, KeyPacking) override {
+                         const TensorView&, const TensorView&, const TensorView&, KVQuantMode,
+                         KeyPacking) override {
     ++reshape_calls;
   }
   void merge_attn_states(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

@@ -207,7 +207,8 @@ TEST(OpsIndexSelectErrors, EveryErrorNamesItsArgument) {
 // Records calls instead of computing.
 struct RecordingOps final : OpsImpl {
   void reshape_and_cache(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
-                         const TensorView&, const TensorView&, const TensorView&, KeyPacking) override {
+                         const TensorView&, const TensorView&, const TensorView&, KVQuantMode,
+                         KeyPacking) override {
     ++reshape_calls;
   }
   void merge_attn_states(const TensorView&, const TensorView&, const TensorView&, const TensorView&,

@@ -2,11 +2,13 @@
 #include <pagedattn/tensor.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <span>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -466,28 +468,64 @@ Tensor Tensor::zeros(Dims shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::empty_strided_order(Dims logical_shape, std::span<const int> stride_order, DType dtype,
-                                   Device device) {
-  constexpr std::string_view where = "Tensor::empty_strided_order";
-  const std::string given = fmt::format("[{}]", fmt::join(stride_order, ", "));
-  const int rank = logical_shape.size();
-  if (static_cast<int>(stride_order.size()) != rank) {
-    throw_invalid(where, "stride_order", fmt::format("a permutation of {} dimensions", rank), given);
-  }
+namespace {
+
+// The physical (memory-order) shape of `logical_shape` under `stride_order`,
+// and the permutation that views it logically; InvalidArgument unless the
+// order is a permutation of the dimensions.
+struct StrideOrder {
   Dims physical;
   std::array<int, kMaxTensorDims> inverse{};
+  int rank = 0;
+  std::span<const int> inverse_span() const { return {inverse.data(), static_cast<std::size_t>(rank)}; }
+};
+
+StrideOrder stride_order_of(const Dims& logical_shape, std::span<const int> stride_order, std::string_view where) {
+  const std::string given = fmt::format("[{}]", fmt::join(stride_order, ", "));
+  StrideOrder r;
+  r.rank = logical_shape.size();
+  if (static_cast<int>(stride_order.size()) != r.rank) {
+    throw_invalid(where, "stride_order", fmt::format("a permutation of {} dimensions", r.rank), given);
+  }
   std::array<bool, kMaxTensorDims> seen{};
-  for (int i = 0; i < rank; ++i) {
+  for (int i = 0; i < r.rank; ++i) {
     const int o = stride_order[static_cast<std::size_t>(i)];
-    if (o < 0 || o >= rank || seen[static_cast<std::size_t>(o)]) {
-      throw_invalid(where, "stride_order", fmt::format("a permutation of {} dimensions", rank), given);
+    if (o < 0 || o >= r.rank || seen[static_cast<std::size_t>(o)]) {
+      throw_invalid(where, "stride_order", fmt::format("a permutation of {} dimensions", r.rank), given);
     }
     seen[static_cast<std::size_t>(o)] = true;
-    physical.push_back(logical_shape[o]);
-    inverse[static_cast<std::size_t>(o)] = i;
+    r.physical.push_back(logical_shape[o]);
+    r.inverse[static_cast<std::size_t>(o)] = i;
   }
-  return empty(physical, dtype, device)
-      .permute(std::span<const int>(inverse.data(), static_cast<std::size_t>(rank)));
+  return r;
+}
+
+}  // namespace
+
+Tensor Tensor::empty_strided_order(Dims logical_shape, std::span<const int> stride_order, DType dtype,
+                                   Device device) {
+  const StrideOrder order = stride_order_of(logical_shape, stride_order, "Tensor::empty_strided_order");
+  return empty(order.physical, dtype, device).permute(order.inverse_span());
+}
+
+Tensor carve_strided_order(const Tensor& owner, std::size_t byte_offset, Dims logical_shape,
+                           std::span<const int> stride_order, DType dtype) {
+  constexpr std::string_view where = "carve_strided_order";
+  const StrideOrder order = stride_order_of(logical_shape, stride_order, where);
+  check_shape(logical_shape, where);
+  const std::size_t owner_bytes = owner.defined() ? owner.span_bytes() : 0;
+  std::size_t bytes = dtype_size(dtype);
+  for (std::int64_t s : logical_shape) {
+    check_arg(s == 0 || bytes <= std::numeric_limits<std::size_t>::max() / static_cast<std::size_t>(s), where,
+              "logical_shape", "a size that fits in size_t", logical_shape.str());
+    bytes *= static_cast<std::size_t>(s);
+  }
+  check_arg(byte_offset <= owner_bytes && bytes <= owner_bytes - byte_offset, where, "region",
+            fmt::format("within the owner's {} bytes", owner_bytes),
+            fmt::format("{} bytes from byte {}", bytes, byte_offset));
+  const TensorView region(static_cast<unsigned char*>(owner.data()) + byte_offset, dtype, owner.device(),
+                          order.physical);
+  return Tensor(owner, region.permute(order.inverse_span()));
 }
 
 Tensor Tensor::from_floats(std::span<const float> values, Dims shape, DType dtype, Device device) {

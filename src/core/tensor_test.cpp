@@ -282,6 +282,27 @@ TEST(TensorCreate, EmptyStridedOrderGivesHndCacheLayout) {
       ErrorKind::InvalidArgument, "stride_order");
 }
 
+TEST(TensorCreate, CarveStridedOrderSharesOneAllocation) {
+  constexpr std::int64_t kNB = 3, kBS = 4, kHkv = 2, kD = 8;
+  constexpr std::size_t kScaleOffset = 256;
+  const Tensor raw = Tensor::zeros({kScaleOffset + kNB * kBS * kHkv * 4}, DType::U8);
+  const int hnd[] = {0, 2, 1, 3};
+  const Tensor cache = carve_strided_order(raw, 0, {kNB, kBS, kHkv, kD}, hnd, DType::I8);
+  EXPECT_EQ(cache.data(), raw.data());
+  EXPECT_EQ(cache.strides(), (Dims{kHkv * kBS * kD, kD, kBS * kD, 1}));
+  EXPECT_EQ(cache.storage(), raw.storage());
+  const int row_major[] = {0, 1, 2};
+  const Tensor scales = carve_strided_order(raw, kScaleOffset, {kNB, kBS, kHkv}, row_major, DType::F32);
+  EXPECT_EQ(static_cast<const std::uint8_t*>(scales.data()) - static_cast<const std::uint8_t*>(raw.data()),
+            static_cast<std::ptrdiff_t>(kScaleOffset));
+  EXPECT_TRUE(scales.is_contiguous());
+  expect_error([&] { (void)carve_strided_order(raw, kScaleOffset + 4, {kNB, kBS, kHkv}, row_major, DType::F32); },
+               ErrorKind::InvalidArgument, "region must be within the owner's 352 bytes, got 96 bytes from byte 260");
+  const int bad[] = {0, 0, 1};
+  expect_error([&] { (void)carve_strided_order(raw, 0, {kNB, kBS, kHkv}, bad, DType::F32); },
+               ErrorKind::InvalidArgument, "stride_order");
+}
+
 TEST(TensorCreate, ViewsShareStorage) {
   TensorView v;
   std::weak_ptr<void> weak;

@@ -34,8 +34,9 @@ std::int64_t scale_stride(const TensorView& scale) { return scale.numel() == 1 ?
 class CudaOps final : public OpsImpl {
  public:
   void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
-                         const TensorView& value_cache, const TensorView& slot_mapping, const TensorView& k_scale,
-                         const TensorView& v_scale, KeyPacking /*key_packing: None, writes_key_packing*/) override {
+                         const TensorView& value_cache, const TensorView& slot_mapping,
+                         const TensorView& k_scale, const TensorView& v_scale, KVQuantMode mode,
+                         KeyPacking /*key_packing: None, writes_key_packing*/) override {
     DeviceGuard guard(key.device().index);
     k::ReshapeAndCacheParams p;
     p.key = key.data();
@@ -44,11 +45,21 @@ class CudaOps final : public OpsImpl {
     p.value_cache = value_cache.data();
     p.slot_mapping = static_cast<const std::int64_t*>(slot_mapping.data());
     p.slot_stride = slot_mapping.stride(0);
-    if (is_fp8(key_cache.dtype())) {
+    if (mode == KVQuantMode::Fp8PerTensor) {
       p.k_scale = static_cast<const float*>(k_scale.data());
       p.v_scale = static_cast<const float*>(v_scale.data());
       p.k_scale_stride = scale_stride(k_scale);
       p.v_scale_stride = scale_stride(v_scale);
+    } else if (mode != KVQuantMode::None) {
+      // [NB, BS, Hkv] scales, written.
+      p.k_token_scale = static_cast<float*>(k_scale.data());
+      p.v_token_scale = static_cast<float*>(v_scale.data());
+      p.ks_block = k_scale.stride(0);
+      p.ks_slot = k_scale.stride(1);
+      p.ks_head = k_scale.stride(2);
+      p.vs_block = v_scale.stride(0);
+      p.vs_slot = v_scale.stride(1);
+      p.vs_head = v_scale.stride(2);
     }
     p.num_tokens = slot_mapping.size(0);
     p.num_kv_heads = key.size(1);

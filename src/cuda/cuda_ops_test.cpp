@@ -1,5 +1,6 @@
 // The CUDA ops against the CPU ops through the same front-ends: bit for bit
-// where the result is exact (reshape_and_cache including fp8, copy_blocks,
+// where the result is exact (reshape_and_cache including fp8 and the
+// per-token-head scales, copy_blocks,
 // abs_max), within float rounding for merge_attn_states. Skipped without a
 // CUDA device.
 #include <gtest/gtest.h>
@@ -74,14 +75,32 @@ TEST_P(CudaReshapeAndCacheTest, MatchesCpuBitForBit) {
                                         {scales}, DType::F32);
   const Tensor vs = Tensor::from_floats(std::vector<float>(static_cast<std::size_t>(scales), 0.25f), {scales}, DType::F32);
   const bool quantized = is_quantized_kv_cache(c.cache);
+  // Per-token-head caches write their scales, [NB, BS, Hkv] f32, instead.
+  const bool token_head = kv_cache_uses_per_token_head_scales(c.cache);
+  Tensor k_token = Tensor::empty({kBlocks, kBS, kHkv}, DType::F32);
+  Tensor v_token = Tensor::empty({kBlocks, kBS, kHkv}, DType::F32);
+  fill_tensor_bits(k_token, kPoison);
+  fill_tensor_bits(v_token, kPoison);
+  const Tensor dk_token = k_token.to(Device::cuda());
+  const Tensor dv_token = v_token.to(Device::cuda());
+  const auto k_arg = [&](bool cuda) {
+    if (token_head) return cuda ? dk_token : k_token;
+    return quantized ? (cuda ? ks.to(Device::cuda()) : ks) : Tensor();
+  };
+  const auto v_arg = [&](bool cuda) {
+    if (token_head) return cuda ? dv_token : v_token;
+    return quantized ? (cuda ? vs.to(Device::cuda()) : vs) : Tensor();
+  };
 
   Tensor dkc = to_cuda_like(kc, order);
   Tensor dvc = to_cuda_like(vc, order);
-  reshape_and_cache(key, value, kc, vc, slot_mapping, c.cache, quantized ? ks : Tensor(), quantized ? vs : Tensor());
-  reshape_and_cache(key.to(Device::cuda()), value.to(Device::cuda()), dkc, dvc, slot_mapping.to(Device::cuda()),
-                    c.cache, quantized ? ks.to(Device::cuda()) : Tensor(), quantized ? vs.to(Device::cuda()) : Tensor());
+  reshape_and_cache(key, value, kc, vc, slot_mapping, c.cache, k_arg(false), v_arg(false));
+  reshape_and_cache(key.to(Device::cuda()), value.to(Device::cuda()), dkc, dvc,
+                    slot_mapping.to(Device::cuda()), c.cache, k_arg(true), v_arg(true));
   EXPECT_EQ(to_byte_vector(dkc), to_byte_vector(kc));
   EXPECT_EQ(to_byte_vector(dvc), to_byte_vector(vc));
+  EXPECT_EQ(to_byte_vector(dk_token), to_byte_vector(k_token));
+  EXPECT_EQ(to_byte_vector(dv_token), to_byte_vector(v_token));
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, CudaReshapeAndCacheTest,
@@ -90,7 +109,11 @@ INSTANTIATE_TEST_SUITE_P(Caches, CudaReshapeAndCacheTest,
                                            CacheCase{DType::BF16, CacheDType::Fp8, false, false},
                                            CacheCase{DType::F16, CacheDType::Fp8E4M3, true, true},
                                            CacheCase{DType::BF16, CacheDType::Fp8E5M2, true, false},
-                                           CacheCase{DType::F16, CacheDType::Fp8E5M2, false, true}));
+                                           CacheCase{DType::F16, CacheDType::Fp8E5M2, false, true},
+                                           CacheCase{DType::BF16, CacheDType::Int8PerTokenHead, false, false},
+                                           CacheCase{DType::F16, CacheDType::Int8PerTokenHead, false, true},
+                                           CacheCase{DType::BF16, CacheDType::Fp8PerTokenHead, false, true},
+                                           CacheCase{DType::F16, CacheDType::Fp8PerTokenHead, false, false}));
 
 TEST(CudaOpsTest, MergeAttnStatesMatchesCpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";

@@ -76,7 +76,8 @@ int run_bench(BenchOptions& o) {
   std::vector<CacheDType> kvs;
   for (const std::string& name : o.kv_cache_dtypes) {
     const auto kv = parse_cache_dtype(name);
-    if (!kv) throw_invalid("bench", "--kv-cache-dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", name);
+    if (!kv)
+      throw_invalid("bench", "--kv-cache-dtype", "a vLLM cache dtype (pagedattn info lists them)", name);
     kvs.push_back(*kv);
   }
   const bool side_by_side = kvs.size() > 1;
@@ -184,9 +185,11 @@ void add_bench_command(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(in_range(1, kMaxBlockSize));
   cmd->add_option("--dtype", o->dtype, "Model dtype: f32, f16, bf16")->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtypes,
-                  "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2; several (auto,fp8) are timed side by side, "
-                  "their repeats interleaved, with the time ratio to the first")
+  cmd->add_option(
+         "--kv-cache-dtype", o->kv_cache_dtypes,
+         "auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, int8_per_token_head, fp8_per_token_head; "
+         "several (auto,fp8) are timed side by side, "
+         "their repeats interleaved, with the time ratio to the first")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--kv-layout", o->layout, "Physical KV layout: NHD or HND")->capture_default_str();

@@ -179,7 +179,8 @@ int run_main_job(const RunOptions& o) {
   if (!dtype) throw_invalid("run", "--dtype", "f32, f16 or bf16", o.dtype);
   const auto cache_dtype = parse_cache_dtype(o.kv_cache_dtype);
   if (!cache_dtype)
-    throw_invalid("run", "--kv-cache-dtype", "auto, fp8, fp8_e4m3 or fp8_e5m2", o.kv_cache_dtype);
+    throw_invalid("run", "--kv-cache-dtype", "a vLLM cache dtype (pagedattn info lists them)",
+                  o.kv_cache_dtype);
 
   SelectorConfig cfg;
   cfg.head_size = o.head_size;

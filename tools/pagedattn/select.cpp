@@ -35,7 +35,10 @@ int run_select(const SelectOptions& o) {
   if (!dtype) throw_invalid("select", "--dtype", "f32, f16 or bf16", o.dtype);
   cfg.dtype = *dtype;
   const auto kv = parse_cache_dtype(o.kv_cache_dtype);
-  if (!kv) throw_invalid("select", "--kv-cache-dtype", "auto, float16, bfloat16, fp8, fp8_e4m3 or fp8_e5m2", o.kv_cache_dtype);
+  if (!kv) {
+    throw_invalid("select", "--kv-cache-dtype", "a vLLM cache dtype (pagedattn info lists them)",
+                  o.kv_cache_dtype);
+  }
   cfg.kv_cache_dtype = *kv;
   cfg.block_size = o.block_size;
   cfg.has_sink = o.sinks;
@@ -83,7 +86,9 @@ void add_select_command(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<SelectOptions>();
   cmd->add_option("--head-size", o->head_size, "Head size")->required()->check(in_range(1, kMaxHeadSize));
   cmd->add_option("--dtype", o->dtype, "Model dtype (f32, f16, bf16)")->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "KV cache dtype (auto, fp8, fp8_e4m3, fp8_e5m2, ...)")
+  cmd->add_option(
+         "--kv-cache-dtype", o->kv_cache_dtype,
+         "KV cache dtype (auto, fp8, fp8_e4m3, fp8_e5m2, int8_per_token_head, fp8_per_token_head, ...)")
       ->capture_default_str();
   cmd->add_option("--block-size", o->block_size, "KV cache block size (filtered only when given)")
       ->check(in_range(1, kMaxBlockSize));

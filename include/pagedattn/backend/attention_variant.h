@@ -141,4 +141,15 @@ struct CacheOperand {
   KeyPacking packing = KeyPacking::None;
 };
 
+// The per-token-head scales of one cache half (token_head_quant.h),
+// logically [num_blocks, block_size, Hkv] f32: the scale of (block, slot,
+// head) is data[block * block_stride + slot * slot_stride + head * head_stride].
+// data is null for caches without them.
+struct ScaleOperand {
+  const float* data = nullptr;
+  std::int64_t block_stride = 0;
+  std::int64_t slot_stride = 0;
+  std::int64_t head_stride = 0;
+};
+
 }  // namespace pagedattn

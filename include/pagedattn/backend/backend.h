@@ -33,6 +33,7 @@ struct AttentionProblem {
   int head_size = 0;
   DType dtype = DType::BF16;
   DType kv_storage_dtype = DType::BF16;
+  CacheDType kv_cache_dtype = CacheDType::Auto;  // says how the storage is scaled
   int block_size = 16;
   AttentionType attn_type = AttentionType::Decoder;
   bool causal = true;
@@ -194,8 +195,9 @@ class AttentionBackend {
   // NHD = identity, HND = (0, 1, 3, 2, 4) -> physical [2, NB, Hkv, BS, D].
   virtual std::vector<int> kv_cache_stride_order(KVCacheLayout layout) const;
   // Splits a cache of kv_cache_shape() into its K and V halves, with K in
-  // the order key_packing gives for it.
-  virtual KVCacheView unbind_kv_cache(const TensorView& kv_cache) const;
+  // the order key_packing gives for it; and a per-token-head cache's scales
+  // (kv_cache_scale_shape, f32) into its key_scale and value_scale.
+  KVCacheView unbind_kv_cache(const TensorView& kv_cache, const TensorView& kv_scales = {}) const;
   // The order this backend keeps a cache's K half [NB, BS, Hkv, D] in; a
   // backend that packs K must also read packed K wherever it reads the cache.
   virtual KeyPacking key_packing(const TensorView& /*key_cache*/) const { return KeyPacking::None; }
@@ -244,6 +246,16 @@ bool can_hold_key_packing(const TensorView& key_cache, KeyPacking packing);
 void check_key_packing(std::string_view where, const TensorView& key_cache, KeyPacking packing);
 // "none", "keys16".
 std::string_view key_packing_name(KeyPacking packing);
+
+// The k_scale / v_scale a layer's cache write passes to reshape_and_cache:
+// the cache's own per-token-head scales (written), else the layer's
+// per-tensor or per-KV-head ones (read).
+struct KVWriteScales {
+  TensorView k;
+  TensorView v;
+};
+KVWriteScales kv_write_scales(CacheDType kv_cache_dtype, const LayerQuantState& layer,
+                              const KVCacheView& kv_cache);
 
 // Throws Unsupported listing the plan's reasons when it is not supported.
 void require_supported(const ProblemSupport& plan, std::string_view backend_name);

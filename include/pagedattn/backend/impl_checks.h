@@ -22,6 +22,9 @@ void check_cache_half(std::string_view where, const TensorView& t, std::string_v
 // A per-tensor ([1]) or per-KV-head ([Hkv]) f32 fp8 dequantization scale.
 void check_kv_scale(std::string_view where, const TensorView& scale, std::string_view name, Device device,
                     int num_kv_heads);
+// A per-token-head cache's scales: key_scale and value_scale [NB, BS, Hkv]
+// f32 on `device`, the cache's blocks and slots, with equal strides.
+void check_token_scales(std::string_view where, const KVCacheView& kv_cache, Device device);
 
 // What check_forward_args learned about the call.
 struct ForwardShape {
@@ -29,19 +32,21 @@ struct ForwardShape {
   std::int64_t num_blocks = 0;   // of the cache; 0 when not paged
   int block_size = 0;            // of the cache, else the metadata's
   DType cache_storage = DType::BF16;
-  bool fp8 = false;
+  KVQuantMode quant_mode = KVQuantMode::None;
+  bool fp8 = false;                 // fp8 with the layer's k/v scales (quant_mode Fp8PerTensor)
   bool per_head_kv_scales = false;  // [Hkv] k/v scales
+  bool token_head_scales = false;   // the cache's per-token-head scales (KVCacheView::key_scale)
 };
 
 // Checks forward's arguments (shapes in the AttentionImpl::forward comment)
 // against the impl's params and `device`, in time independent of the batch:
 // query/output [>= T, H, D], key/value [>= T, Hkv, D] for encoder types, the
 // cache halves [NB, BS, Hkv, D] in the storage dtype for paged types, fp8
-// scales [1] or [Hkv], lse [H, >= T] f32; that a builder validated the
-// metadata (adopt_step), split by the layer's chunk size, and without
-// PrefixLM ranges unless the layer has use_mm_prefix; the step's block ids
-// against this cache, and seq_len == q_len for encoder types, from the
-// metadata's facts.
+// scales [1] or [Hkv] or a per-token-head cache's scales, lse [H, >= T] f32;
+// that a builder validated the metadata (adopt_step), split by the layer's
+// chunk size, and without PrefixLM ranges unless the layer has use_mm_prefix;
+// the step's block ids against this cache, and seq_len == q_len for encoder
+// types, from the metadata's facts.
 // `output_dtypes` lists the output dtypes the backend can write.
 ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& params, Device device,
                                 const LayerQuantState& layer, const TensorView& query, const TensorView& key,

@@ -27,6 +27,7 @@ enum class DType : std::uint8_t {
   I32 = 5,
   I64 = 6,
   U8 = 7,
+  I8 = 8,  // signed bytes (int8 per-token-head KV caches)
 };
 
 PAGEDATTN_HD constexpr std::size_t dtype_size(DType t) {
@@ -42,6 +43,7 @@ PAGEDATTN_HD constexpr std::size_t dtype_size(DType t) {
     case DType::FP8_E4M3:
     case DType::FP8_E5M2:
     case DType::U8:
+    case DType::I8:
       return 1;
   }
   return 0;
@@ -184,6 +186,20 @@ PAGEDATTN_HD std::uint8_t float_to_fp8_e5m2(float f) {
   return static_cast<std::uint8_t>(sign | detail::round_to_narrow(a, 2, 15, 0x7Bu));
 }
 
+// ---- int8 (saturating stores, round to nearest even; NaN stores 0) ---------
+inline constexpr float kInt8Max = 127.0f;
+inline constexpr float kInt8Min = -128.0f;
+
+PAGEDATTN_HD std::int8_t float_to_i8(float f) {
+  if (f != f) return 0;
+  const float c = f < kInt8Min ? kInt8Min : (f > kInt8Max ? kInt8Max : f);
+  // Adding and subtracting 1.5 * 2^23 rounds |c| <= 2^22 to an integer, to
+  // nearest even, in IEEE float arithmetic alone (host and device alike;
+  // the build never allows reassociation).
+  constexpr float kRoundMagic = 12582912.0f;
+  return static_cast<std::int8_t>((c + kRoundMagic) - kRoundMagic);
+}
+
 PAGEDATTN_HD float fp8_e5m2_to_float(std::uint8_t b) {
   const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
   const std::uint32_t code = b & 0x7Fu;
@@ -228,6 +244,8 @@ PAGEDATTN_HD float load_as_float(const void* p, DType t) {
     }
     case DType::U8:
       return static_cast<float>(*static_cast<const std::uint8_t*>(p));
+    case DType::I8:
+      return static_cast<float>(*static_cast<const std::int8_t*>(p));
   }
   return 0.0f;
 }
@@ -265,6 +283,9 @@ PAGEDATTN_HD void store_from_float(void* p, DType t, float f) {
     }
     case DType::U8:
       *static_cast<std::uint8_t*>(p) = static_cast<std::uint8_t>(f);
+      return;
+    case DType::I8:
+      *static_cast<std::int8_t*>(p) = float_to_i8(f);
       return;
   }
 }

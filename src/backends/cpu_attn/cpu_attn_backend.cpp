@@ -18,7 +18,8 @@ constexpr int kHeadSizeMultiple = 8;  // the kernels' narrowest vector: 8 floats
 constexpr int kCpuAttnPriority = 0;
 
 bool is_supported_kv_storage(DType t) {
-  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::FP8_E4M3 || t == DType::FP8_E5M2;
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::FP8_E4M3 ||
+         t == DType::FP8_E5M2 || t == DType::I8;
 }
 
 }  // namespace
@@ -29,10 +30,7 @@ std::string_view CpuAttnBackend::description() const {
 
 std::vector<DType> CpuAttnBackend::supported_dtypes() const { return {DType::F32, DType::F16, DType::BF16}; }
 
-std::vector<CacheDType> CpuAttnBackend::supported_kv_cache_dtypes() const {
-  return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16,
-          CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
-}
+std::vector<CacheDType> CpuAttnBackend::supported_kv_cache_dtypes() const { return all_cache_dtypes(); }
 
 std::optional<std::string> CpuAttnBackend::head_size_rule(int head_size) const {
   if (head_size > 0 && head_size % kHeadSizeMultiple == 0) return std::nullopt;
@@ -53,6 +51,10 @@ ProblemSupport CpuAttnBackend::problem_support(const AttentionProblem& problem) 
   }
   if (!is_supported_kv_storage(problem.kv_storage_dtype)) {
     support.reasons.push_back(fmt::format("KV cache element type {} not supported", problem.kv_storage_dtype));
+  }
+  if (!supports_kv_cache_dtype(problem.kv_cache_dtype)) {
+    support.reasons.push_back(
+        fmt::format("kv_cache_dtype {} not supported", cache_dtype_name(problem.kv_cache_dtype)));
   }
   if (problem.num_kv_heads <= 0 || problem.num_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
     support.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",

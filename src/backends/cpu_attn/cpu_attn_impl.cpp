@@ -26,6 +26,10 @@ CacheOperand cache_operand(const TensorView& t) {  // [NB, BS, Hkv, D]
   return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
+ScaleOperand scale_operand(const TensorView& t) {  // [NB, BS, Hkv] f32
+  return {static_cast<const float*>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
+}
+
 }  // namespace
 
 void apply_cpu_isa_from_env() {
@@ -108,6 +112,10 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
       p.v_scale = layer.v_scale.data_as<const float>();
       p.per_head_kv_scales = shape.per_head_kv_scales;
     }
+    if (shape.token_head_scales) {
+      p.k_token_scale = scale_operand(kv_cache.key_scale);
+      p.v_token_scale = scale_operand(kv_cache.value_scale);
+    }
   }
   p.output = output.data();
   p.output_row_stride = output.stride(0);
@@ -138,8 +146,9 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
 
 void CpuAttnImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
                                      const KVCacheView& kv_cache, const TensorView& slot_mapping) {
-  reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, params_.kv_cache_dtype, layer.k_scale,
-                    layer.v_scale, kv_cache.key_packing);
+  const KVWriteScales scales = kv_write_scales(params_.kv_cache_dtype, layer, kv_cache);
+  reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, params_.kv_cache_dtype, scales.k,
+                    scales.v, kv_cache.key_packing);
 }
 
 }  // namespace pagedattn

@@ -62,7 +62,8 @@ WorkspaceSize plan_workspace(const WorkList& plan, int head_size, int group, int
 KernelVariant choose_kernel_variant(const AttentionParams& p, Isa isa) {
   const TargetShape target = target_shape(isa);
   const int d = p.head_size;
-  const DType kv = p.kv_dtype;
+  // Per-token-head caches are dequantized tile by tile into f32 rows.
+  const DType kv = token_scaled(p) ? DType::F32 : p.kv_dtype;
   KernelVariant v;
   v.kv_dtype = kv;
   v.width = d % target.full_lanes == 0 ? VectorWidth::kFull : VectorWidth::kEight;
@@ -105,7 +106,7 @@ KernelVariant choose_kernel_variant(const AttentionParams& p, Isa isa) {
   // units of 16 KiB; docs/cpu_attn.md).
   const std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_size(kv);
   const std::size_t unit_bytes = 2 * kTileKeys * row_bytes;
-  v.decode.staged = rows_scattered(p);
+  v.decode.staged = !token_scaled(p) && rows_scattered(p);
   v.decode.packed_key_scores = decode_dot && kv == DType::FP8_E4M3 && p.variant.key_source == KeySource::PagedCache &&
                                p.key_cache.packing != KeyPacking::None;
   v.decode.far_stream = decode_dot || dtype_size(kv) > 1;

@@ -17,10 +17,7 @@ constexpr int kHeadSizeAlign = cuda_flash::kHeadSizeAlign;
 
 int CudaFlashBackend::cascade_prefix_queries() const { return cuda_flash::kDecodeMaxTokens; }
 
-std::vector<CacheDType> CudaFlashBackend::supported_kv_cache_dtypes() const {
-  return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16,
-          CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
-}
+std::vector<CacheDType> CudaFlashBackend::supported_kv_cache_dtypes() const { return all_cache_dtypes(); }
 
 std::optional<std::string> CudaFlashBackend::head_size_rule(int head_size) const {
   if (head_size % kHeadSizeAlign != 0 || head_size > kMaxHeadSize) {
@@ -35,10 +32,15 @@ ProblemSupport CudaFlashBackend::problem_support(const AttentionProblem& problem
     support.reasons.push_back(fmt::format("dtype {} not supported: the kernels use f16/bf16 tensor-core MMAs",
                                        problem.dtype));
   }
-  const bool kv_ok = problem.kv_storage_dtype == problem.dtype || is_fp8(problem.kv_storage_dtype);
+  const bool kv_ok = problem.kv_storage_dtype == problem.dtype || is_fp8(problem.kv_storage_dtype) ||
+                     problem.kv_storage_dtype == DType::I8;
   if (!kv_ok) {
     support.reasons.push_back(fmt::format("kv cache storage dtype {} not supported with dtype {}",
                                        problem.kv_storage_dtype, problem.dtype));
+  }
+  if (!supports_kv_cache_dtype(problem.kv_cache_dtype)) {
+    support.reasons.push_back(
+        fmt::format("kv_cache_dtype {} not supported", cache_dtype_name(problem.kv_cache_dtype)));
   }
   if (problem.head_size <= 0 || head_size_rule(problem.head_size)) {
     support.reasons.push_back(fmt::format("head_size {} not supported (multiples of {} up to {})", problem.head_size,

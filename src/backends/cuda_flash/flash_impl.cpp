@@ -174,6 +174,14 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
       k.v_scale = static_cast<const float*>(layer.v_scale.data());
       k.kv_scale_stride = layer.k_scale.size(0) == 1 ? 0 : static_cast<int>(layer.k_scale.stride(0));
     }
+    if (checked.shape.token_head_scales) {
+      // [NB, BS, Hkv] f32 each; check_forward_args made their strides equal.
+      k.k_token_scale = static_cast<const float*>(kv_cache.key_scale.data());
+      k.v_token_scale = static_cast<const float*>(kv_cache.value_scale.data());
+      k.scale_block_stride = kv_cache.key_scale.stride(0);
+      k.scale_slot_stride = kv_cache.key_scale.stride(1);
+      k.scale_head_stride = kv_cache.key_scale.stride(2);
+    }
   } else {
     k.key = key.data();
     k.value = value.data();
@@ -190,8 +198,8 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.block_table = plan->block_table;
   k.partial_out = plan->partial_out;
   k.partial_lse = plan->partial_lse;
-  const bool kv_fp8 = k.kv_dtype == DType::FP8_E4M3 || k.kv_dtype == DType::FP8_E5M2;
-  k.kernel = choose_kernel(head_size_class(p.head_size), kv_fp8, plan->decode_only, plan->prefill_only,
+  const bool kv_8bit = dtype_size(k.kv_dtype) == 1;
+  k.kernel = choose_kernel(head_size_class(p.head_size), kv_8bit, plan->decode_only, plan->prefill_only,
                            plan->sm_version, plan->batch_invariant);
 
   cuda::DeviceGuard guard(device.index);
@@ -239,12 +247,17 @@ void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorVie
   check_arg(slot_mapping.size(0) <= key.size(0), kUpdateWhere, "slot_mapping.size(0)",
             fmt::format("<= key.size(0) ({})", key.size(0)), slot_mapping.size(0));
   check_arg(value.size(0) == key.size(0), kUpdateWhere, "value.size(0)", key.size(0), value.size(0));
-  if (is_fp8(storage)) {
+  const KVQuantMode mode = kv_quant_mode(p.kv_cache_dtype);
+  if (mode == KVQuantMode::Fp8PerTensor) {
     check_kv_scale(kUpdateWhere, layer.k_scale, "k_scale", device, p.num_kv_heads);
     check_kv_scale(kUpdateWhere, layer.v_scale, "v_scale", device, p.num_kv_heads);
+  } else if (mode != KVQuantMode::None) {
+    check_token_scales(kUpdateWhere, kv_cache, device);
   }
-  ops_impl(DeviceType::CUDA).reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping,
-                                               layer.k_scale, layer.v_scale, KeyPacking::None);
+  const KVWriteScales scales = kv_write_scales(p.kv_cache_dtype, layer, kv_cache);
+  ops_impl(DeviceType::CUDA)
+      .reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, scales.k, scales.v, mode,
+                         KeyPacking::None);
 }
 
 }  // namespace

@@ -21,8 +21,8 @@ constexpr std::string_view kUpdateWhere = "REFERENCE do_kv_cache_update";
 constexpr std::string_view kBuilderWhere = "REFERENCE builder";
 
 // Element types the kernel can read from a cache.
-constexpr DType kCacheStorageDTypes[] = {DType::F32, DType::F16, DType::BF16, DType::FP8_E4M3,
-                                         DType::FP8_E5M2};
+constexpr DType kCacheStorageDTypes[] = {DType::F32,      DType::F16,      DType::BF16,
+                                         DType::FP8_E4M3, DType::FP8_E5M2, DType::I8};
 
 RowsOperand rows_operand(const TensorView& t) {
   return {t.data(), t.dtype(), t.stride(0), t.stride(1)};
@@ -30,6 +30,10 @@ RowsOperand rows_operand(const TensorView& t) {
 
 CacheOperand cache_operand(const TensorView& t) {
   return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+ScaleOperand scale_operand(const TensorView& t) {  // [NB, BS, Hkv] f32
+  return {static_cast<const float*>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
 }
 
 // The step plan: the validated step and the kernel's scratch, sized by the
@@ -65,8 +69,9 @@ class ReferenceImpl final : public AttentionImpl {
   void do_kv_cache_update(const LayerQuantState& layer, const TensorView& key, const TensorView& value,
                           const KVCacheView& kv_cache, const TensorView& slot_mapping) override {
     check_arg(kv_cache.defined(), kUpdateWhere, "kv_cache", "a bound KV cache", "undefined");
+    const KVWriteScales scales = kv_write_scales(params_.kv_cache_dtype, layer, kv_cache);
     reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slot_mapping, params_.kv_cache_dtype,
-                      layer.k_scale, layer.v_scale, kv_cache.key_packing);
+                      scales.k, scales.v, kv_cache.key_packing);
   }
 
   std::string_view class_name() const override { return "ReferenceAttentionImpl"; }
@@ -144,6 +149,10 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
       k.v_scale = static_cast<const float*>(layer.v_scale.data());
       k.num_kv_scales = static_cast<int>(layer.k_scale.size(0));
     }
+    if (shape.token_head_scales) {
+      k.k_token_scale = scale_operand(kv_cache.key_scale);
+      k.v_token_scale = scale_operand(kv_cache.value_scale);
+    }
   } else {
     k.key = rows_operand(key);
     k.value = rows_operand(value);
@@ -199,10 +208,7 @@ std::vector<DType> ReferenceBackend::supported_dtypes() const {
   return {DType::F32, DType::F16, DType::BF16};
 }
 
-std::vector<CacheDType> ReferenceBackend::supported_kv_cache_dtypes() const {
-  return {CacheDType::Auto, CacheDType::Float16, CacheDType::BFloat16,
-          CacheDType::Fp8,  CacheDType::Fp8E4M3, CacheDType::Fp8E5M2};
-}
+std::vector<CacheDType> ReferenceBackend::supported_kv_cache_dtypes() const { return all_cache_dtypes(); }
 
 ProblemSupport ReferenceBackend::problem_support(const AttentionProblem& problem) const {
   ProblemSupport support;

@@ -29,7 +29,7 @@ TEST(ReferenceBackendTest, Capabilities) {
   EXPECT_EQ(kBackend.device_type(), DeviceType::CPU);
   EXPECT_EQ(kBackend.description(), "scalar fp64 oracle backend; selected only when asked");
   EXPECT_EQ(kBackend.supported_dtypes(), (std::vector<DType>{DType::F32, DType::F16, DType::BF16}));
-  EXPECT_EQ(kBackend.supported_kv_cache_dtypes().size(), 6u);
+  EXPECT_EQ(kBackend.supported_kv_cache_dtypes(), all_cache_dtypes());
   EXPECT_TRUE(kBackend.supported_head_sizes().empty());
   ASSERT_EQ(kBackend.supported_kernel_block_sizes().size(), 1u);
   EXPECT_EQ(std::get<MultipleOf>(kBackend.supported_kernel_block_sizes()[0]).base, 1);

@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 #include <math_constants.h>
+#include <pagedattn/backend/token_head_quant.h>
 
 #include "cache_ops.h"
 
@@ -64,6 +65,60 @@ __global__ void reshape_and_cache_kernel(const ReshapeAndCacheParams p) {
       store_element(at(p.value_cache, block * p.vc_block + offset * p.vc_slot + h * p.vc_head + d, cache_es),
                     at(p.value, t * p.value_token_stride + h * p.value_head_stride + d, src_es), p.src_dtype,
                     p.cache_dtype, vs);
+    }
+  }
+}
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// One (token, KV head) row of a per-token-head cache, by one warp: the
+// row's amax (NaN-propagating), then every element quantized with the
+// shared scale (token_head_quant.h, the CPU kernel's rule). Returns the scale.
+__device__ float store_token_head_row(void* dst, const void* src, std::int64_t head_size, DType src_dtype,
+                                      DType cache_dtype, int lane) {
+  const std::size_t src_es = dtype_size(src_dtype);
+  const std::size_t cache_es = dtype_size(cache_dtype);
+  float amax = 0.0f;
+  for (std::int64_t d = lane; d < head_size; d += kWarpSize) {
+    amax = token_head_amax(amax, load_as_float(at(src, d, src_es), src_dtype));
+  }
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    amax = token_head_amax(amax, __shfl_xor_sync(kFullWarp, amax, offset));
+  }
+  const float scale = token_head_scale(amax, cache_dtype);
+  const float inv_scale = token_head_inv_scale(scale);
+  for (std::int64_t d = lane; d < head_size; d += kWarpSize) {
+    store_token_head(at(dst, d, cache_es), cache_dtype, load_as_float(at(src, d, src_es), src_dtype),
+                     inv_scale);
+  }
+  return scale;
+}
+
+__global__ void reshape_and_cache_token_head_kernel(const ReshapeAndCacheParams p) {
+  const std::size_t src_es = dtype_size(p.src_dtype);
+  const std::size_t cache_es = dtype_size(p.cache_dtype);
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
+  for (std::int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const std::int64_t slot = p.slot_mapping[t * p.slot_stride];
+    if (slot < 0 || slot >= p.num_slots) continue;  // padded token
+    const std::int64_t block = slot / p.block_size;
+    const std::int64_t offset = slot % p.block_size;
+    for (std::int64_t h = warp; h < p.num_kv_heads; h += warps) {
+      const float ks = store_token_head_row(
+          at(p.key_cache, block * p.kc_block + offset * p.kc_slot + h * p.kc_head, cache_es),
+          at(p.key, t * p.key_token_stride + h * p.key_head_stride, src_es), p.head_size, p.src_dtype,
+          p.cache_dtype, lane);
+      const float vs = store_token_head_row(
+          at(p.value_cache, block * p.vc_block + offset * p.vc_slot + h * p.vc_head, cache_es),
+          at(p.value, t * p.value_token_stride + h * p.value_head_stride, src_es), p.head_size, p.src_dtype,
+          p.cache_dtype, lane);
+      if (lane == 0) {
+        p.k_token_scale[block * p.ks_block + offset * p.ks_slot + h * p.ks_head] = ks;
+        p.v_token_scale[block * p.vs_block + offset * p.vs_slot + h * p.vs_head] = vs;
+      }
     }
   }
 }
@@ -167,6 +222,11 @@ __global__ void abs_max_kernel(const AbsMaxParams p) {
 
 int launch_reshape_and_cache(const ReshapeAndCacheParams& p, void* stream) {
   if (p.num_tokens == 0) return 0;
+  if (p.k_token_scale != nullptr) {
+    reshape_and_cache_token_head_kernel<<<grid_for(p.num_tokens * kThreads), kThreads, 0,
+                                          static_cast<cudaStream_t>(stream)>>>(p);
+    return static_cast<int>(cudaGetLastError());
+  }
   reshape_and_cache_kernel<<<grid_for(p.num_tokens * kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   return static_cast<int>(cudaGetLastError());
 }

@@ -40,6 +40,12 @@ struct ReshapeAndCacheParams {
   std::int64_t vc_block = 0, vc_slot = 0, vc_head = 0;
   DType src_dtype = DType::BF16;
   DType cache_dtype = DType::BF16;
+  // Per-token-head caches (token_head_quant.h): each row's scale is written
+  // here ([NB, BS, Hkv] f32) and k_scale / v_scale are unused; null otherwise.
+  float* k_token_scale = nullptr;
+  float* v_token_scale = nullptr;
+  std::int64_t ks_block = 0, ks_slot = 0, ks_head = 0;
+  std::int64_t vs_block = 0, vs_slot = 0, vs_head = 0;
 };
 
 struct MergeAttnStatesParams {

@@ -1,5 +1,7 @@
 #include "ops/cpu/cache_kernels.h"
 
+#include <pagedattn/backend/token_head_quant.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -95,18 +97,52 @@ void store_row(void* dst, const void* src, std::int64_t head_size, DType src_dty
   }
 }
 
+// Stores one [D] row of a per-token-head cache (token_head_quant.h; always
+// row-major) and returns its scale.
+float store_token_head_row(void* dst, const void* src, std::int64_t head_size, DType src_dtype,
+                           DType cache_dtype) {
+  const std::size_t src_es = dtype_size(src_dtype);
+  const std::size_t cache_es = dtype_size(cache_dtype);
+  const auto d_size = static_cast<int>(head_size);
+  float amax = 0.0f;
+  for (int i = 0; i < d_size; ++i) amax = token_head_amax(amax, load_as_float(at(src, i, src_es), src_dtype));
+  const float scale = token_head_scale(amax, cache_dtype);
+  const float inv_scale = token_head_inv_scale(scale);
+  for (int i = 0; i < d_size; ++i) {
+    store_token_head(at(dst, i, cache_es), cache_dtype, load_as_float(at(src, i, src_es), src_dtype),
+                     inv_scale);
+  }
+  return scale;
+}
+
 }  // namespace
 
 void reshape_and_cache(const ReshapeAndCacheParams& p) {
   const std::size_t src_es = dtype_size(p.src_dtype);
   const std::size_t cache_es = dtype_size(p.cache_dtype);
-  const bool quantize = is_fp8(p.cache_dtype);
+  const bool token_head = p.k_token_scale != nullptr;
+  const bool quantize = is_fp8(p.cache_dtype) && !token_head;
   for (std::int64_t t = 0; t < p.num_tokens; ++t) {
     const std::int64_t slot = p.slot_mapping[t * p.slot_stride];
     if (slot < 0) continue;  // padded token
     const std::int64_t block = slot / p.block_size;
     const std::int64_t offset = slot % p.block_size;
     for (std::int64_t h = 0; h < p.num_kv_heads; ++h) {
+      if (token_head) {
+        const CacheStrides& kc = p.key_cache_strides;
+        const CacheStrides& vc = p.value_cache_strides;
+        const CacheStrides& ks = p.k_token_scale_strides;
+        const CacheStrides& vs = p.v_token_scale_strides;
+        p.k_token_scale[block * ks.block + offset * ks.slot + h * ks.head] =
+            store_token_head_row(at(p.key_cache, block * kc.block + offset * kc.slot + h * kc.head, cache_es),
+                                 at(p.key, t * p.key_strides.token + h * p.key_strides.head, src_es),
+                                 p.head_size, p.src_dtype, p.cache_dtype);
+        p.v_token_scale[block * vs.block + offset * vs.slot + h * vs.head] = store_token_head_row(
+            at(p.value_cache, block * vc.block + offset * vc.slot + h * vc.head, cache_es),
+            at(p.value, t * p.value_strides.token + h * p.value_strides.head, src_es), p.head_size,
+            p.src_dtype, p.cache_dtype);
+        continue;
+      }
       const float k_scale = quantize ? p.k_scale[h * p.k_scale_stride] : 1.0f;
       const float v_scale = quantize ? p.v_scale[h * p.v_scale_stride] : 1.0f;
       const CacheStrides& kc = p.key_cache_strides;

@@ -64,6 +64,13 @@ struct ReshapeAndCacheParams {
   DType src_dtype = DType::BF16;
   DType cache_dtype = DType::BF16;  // fp8: quantized stores; otherwise == src_dtype, bits copied
   KeyPacking key_packing = KeyPacking::None;  // K's order within a block (key_cache slot stride == head_size if packed)
+  // Per-token-head caches (cache_dtype I8 or FP8_E4M3; token_head_quant.h;
+  // K row-major): each row is quantized with its own scale, written here
+  // ([NB, BS, Hkv] f32); k_scale and v_scale are then unused. Null otherwise.
+  float* k_token_scale = nullptr;
+  float* v_token_scale = nullptr;
+  CacheStrides k_token_scale_strides;
+  CacheStrides v_token_scale_strides;
 };
 void reshape_and_cache(const ReshapeAndCacheParams& p);
 

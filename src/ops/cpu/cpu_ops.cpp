@@ -26,7 +26,7 @@ k::RowStrides row_strides(const TensorView& t) { return {t.stride(0), t.stride(1
 
 k::CacheStrides cache_strides(const TensorView& t) {
   return {t.stride(0), t.stride(1), t.stride(2)};
-}  // [NB, BS, Hkv, D]
+}  // [NB, BS, Hkv, D], or [NB, BS, Hkv] scales
 
 k::LseStrides lse_strides(const TensorView& t) { return {t.stride(0), t.stride(1)}; }  // [H, T]
 
@@ -37,7 +37,8 @@ class CpuOps final : public OpsImpl {
  public:
   void reshape_and_cache(const TensorView& key, const TensorView& value, const TensorView& key_cache,
                          const TensorView& value_cache, const TensorView& slot_mapping,
-                         const TensorView& k_scale, const TensorView& v_scale, KeyPacking key_packing) override {
+                         const TensorView& k_scale, const TensorView& v_scale, KVQuantMode mode,
+                         KeyPacking key_packing) override {
     k::ReshapeAndCacheParams p;
     p.key = key.data();
     p.value = value.data();
@@ -45,11 +46,16 @@ class CpuOps final : public OpsImpl {
     p.value_cache = value_cache.data();
     p.slot_mapping = slot_mapping.data_as<const std::int64_t>();
     p.slot_stride = slot_mapping.stride(0);
-    if (is_fp8(key_cache.dtype())) {
+    if (mode == KVQuantMode::Fp8PerTensor) {
       p.k_scale = k_scale.data_as<const float>();
       p.v_scale = v_scale.data_as<const float>();
       p.k_scale_stride = scale_stride(k_scale);
       p.v_scale_stride = scale_stride(v_scale);
+    } else if (mode != KVQuantMode::None) {
+      p.k_token_scale = k_scale.data_as<float>();
+      p.v_token_scale = v_scale.data_as<float>();
+      p.k_token_scale_strides = cache_strides(k_scale);
+      p.v_token_scale_strides = cache_strides(v_scale);
     }
     p.num_tokens = slot_mapping.size(0);
     p.num_kv_heads = key.size(1);

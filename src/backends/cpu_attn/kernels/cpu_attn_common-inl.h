@@ -34,7 +34,7 @@ constexpr float kE4M3HalfRescale = 256.0f;
 // What the half reading of the e4m3 NaN code S.1111.111 gives (1.875 * 2^0).
 constexpr float kE4M3NanAsHalf = 1.875f;
 
-inline float kv_load_rescale(DType kv) { return kv == DType::FP8_E4M3 ? kE4M3HalfRescale : 1.0f; }
+constexpr float kv_load_rescale(DType kv) { return kv == DType::FP8_E4M3 ? kE4M3HalfRescale : 1.0f; }
 
 inline float neg_inf() { return -std::numeric_limits<float>::infinity(); }
 
@@ -51,6 +51,10 @@ HWY_INLINE hn::Vec<D> load_kv(D d, const unsigned char* p) {
   } else if constexpr (KV == DType::F16) {
     const hn::Rebind<hwy::float16_t, D> dh;
     return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+  } else if constexpr (KV == DType::I8) {
+    const hn::Rebind<std::int8_t, D> di8;
+    const hn::Rebind<std::int32_t, D> di32;
+    return hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(di8, reinterpret_cast<const std::int8_t*>(p))));
   } else if constexpr (KV == DType::FP8_E5M2) {
     // e5m2 is the top byte of an IEEE half.
     const hn::Rebind<std::uint8_t, D> du8;
@@ -79,8 +83,10 @@ inline const unsigned char* element(const void* base, std::int64_t offset, DType
 }
 
 // What a KV head's K or V values (`scales`: p.k_scale or p.v_scale) are
-// multiplied by: the fp8 dequantization scale times load_kv's rescale.
+// multiplied by: the fp8 dequantization scale times load_kv's rescale. 1 for
+// per-token-head caches, whose rows the item dequantizes (dequantize_tile).
 inline float dequant_scale(const AttentionParams& p, const float* scales, int kv_head) {
+  if (token_scaled(p)) return 1.0f;
   const float scale = scales == nullptr ? 1.0f : scales[p.per_head_kv_scales ? kv_head : 0];
   return scale * kv_load_rescale(p.kv_dtype);
 }
@@ -187,6 +193,54 @@ inline void tile_pointers(const AttentionParams& p, const WorkItem& item, const 
       v_rows[i] = v_row + s * v_step;
     }
   }
+}
+
+// dequantize_tile for the cache's element type KV.
+template <DType KV, class D>
+void dequantize_tile_as(D d, const AttentionParams& p, int request, int kv_head, int t0, int n,
+                        const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                        const Scratch& sc, const unsigned char** k_out, const unsigned char** v_out) {
+  const int d_size = p.head_size;
+  const int lanes = static_cast<int>(hn::Lanes(d));
+  const std::int32_t* table = p.block_table + request * p.block_table_row_stride;
+  const ScaleOperand& ks = p.k_token_scale;
+  const ScaleOperand& vs = p.v_token_scale;
+  auto* k_dst = reinterpret_cast<float*>(sc.ks);
+  for (int i = 0; i < n; ++i) {
+    const int j = t0 + i;
+    const std::int64_t block = table[j / p.block_size];
+    const std::int64_t slot = j % p.block_size;
+    // load_kv's reading of e4m3 is 2^-8 times the value: the rescale folds
+    // into the scale exactly, so each element is value * scale rounded once.
+    const auto k_scale =
+        hn::Set(d, ks.data[block * ks.block_stride + slot * ks.slot_stride + kv_head * ks.head_stride] *
+                       kv_load_rescale(KV));
+    const auto v_scale =
+        hn::Set(d, vs.data[block * vs.block_stride + slot * vs.slot_stride + kv_head * vs.head_stride] *
+                       kv_load_rescale(KV));
+    float* k_row = k_dst + static_cast<std::size_t>(i) * d_size;
+    float* v_row = sc.vd + static_cast<std::size_t>(i) * d_size;
+    for (int c = 0; c < d_size; c += lanes) {
+      hn::Store(hn::Mul(load_kv<KV>(d, k_rows[i] + c), k_scale), d, k_row + c);
+      hn::Store(hn::Mul(load_kv<KV>(d, v_rows[i] + c), v_scale), d, v_row + c);
+    }
+    k_out[i] = reinterpret_cast<const unsigned char*>(k_row);
+    v_out[i] = reinterpret_cast<const unsigned char*>(v_row);
+  }
+}
+
+// Per-token-head caches: the K and V rows of keys [t0, t0 + n) of one KV head
+// of a request (k_rows, v_rows: tile_pointers), converted to f32 times each
+// key's scale into sc.ks and sc.vd; k_out / v_out point at them. The item's
+// kernels then read f32 rows (choose_kernel_variant picks f32 ones).
+template <class D>
+void dequantize_tile(D d, const AttentionParams& p, int request, int kv_head, int t0, int n,
+                     const unsigned char* const* k_rows, const unsigned char* const* v_rows,
+                     const Scratch& sc, const unsigned char** k_out, const unsigned char** v_out) {
+  if (p.kv_dtype == DType::I8) {
+    return dequantize_tile_as<DType::I8>(d, p, request, kv_head, t0, n, k_rows, v_rows, sc, k_out, v_out);
+  }
+  dequantize_tile_as<DType::FP8_E4M3>(d, p, request, kv_head, t0, n, k_rows, v_rows, sc, k_out, v_out);
 }
 
 // __builtin_prefetch locality hints.

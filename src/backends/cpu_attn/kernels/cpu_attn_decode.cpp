@@ -99,7 +99,8 @@ void walk_decode_units(D d, const AttentionParams& p, const DecodeStreams& strea
     packed_scores = streams.packed_key_scores && lo % kPackedKeyGroup == 0;
     Tiles::load_queries(d, p, one, shape, sc, packed_scores);
   }
-  const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
+  // The rows in the cache (KV is f32 where the item dequantizes a per-token-head cache).
+  const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(p.kv_dtype);
   // Staged units are copied into the transposed-K and V-tile buffers, which
   // the decode tiles leave unused.
   const unsigned char* staged_k[kTileKeys];
@@ -130,17 +131,24 @@ void walk_decode_units(D d, const AttentionParams& p, const DecodeStreams& strea
     const unsigned char* const* v_rows = unit_v[u % kUnitRing];
     const int n = unit_n(u);
     const Scratch sc = head_scratch(u % heads);
-    if (packed_k && !packed_scores) {
-      unpack_key_rows<KV>(p, unit_t0(u), n, k_rows, sc.ks, staged_k);
+    if (token_scaled(p)) {
+      dequantize_tile(d, p, item.request, item.kv_head + u % heads, unit_t0(u), n, k_rows, v_rows, sc,
+                      staged_k, staged_v);
       k_rows = staged_k;
-    } else if (streams.staged) {
-      // A packed K's rows are adjacent, so its groups are copied whole.
-      stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
-      k_rows = staged_k;
-    }
-    if (streams.staged) {
-      stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
       v_rows = staged_v;
+    } else {
+      if (packed_k && !packed_scores) {
+        unpack_key_rows<KV>(p, unit_t0(u), n, k_rows, sc.ks, staged_k);
+        k_rows = staged_k;
+      } else if (streams.staged) {
+        // A packed K's rows are adjacent, so its groups are copied whole.
+        stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
+        k_rows = staged_k;
+      }
+      if (streams.staged) {
+        stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
+        v_rows = staged_v;
+      }
     }
     const TilePrefetch far =
         streams.far_stream ? prefetch_of(u + kFarPrefetchUnits, cache_lines(row_bytes)) : TilePrefetch{};

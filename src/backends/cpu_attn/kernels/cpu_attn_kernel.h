@@ -47,6 +47,11 @@ struct AttentionParams {
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
   bool per_head_kv_scales = false;
+  // Per-token-head caches (kv_dtype I8 or FP8_E4M3, K row-major): each key's
+  // K and V scale. Items convert a tile's rows to f32 times their scales
+  // (Scratch::ks, Scratch::vd) and run the f32 kernels (choose_kernel_variant).
+  ScaleOperand k_token_scale;
+  ScaleOperand v_token_scale;
 
   // ---- outputs ----
   void* output = nullptr;  // [T, H, D] in the query dtype
@@ -56,6 +61,9 @@ struct AttentionParams {
   std::int64_t lse_head_stride = 0;
   std::int64_t lse_token_stride = 0;
 };
+
+// Whether the K/V rows carry per-token-head scales.
+inline bool token_scaled(const AttentionParams& p) { return p.k_token_scale.data != nullptr; }
 
 // One unit of parallel work. Keys outside each row's visible interval are
 // masked inside the kernel, so [k_begin, k_end) only bounds what is read.

@@ -75,7 +75,8 @@ void run_tiles_head(D d, const AttentionParams& p, const ItemKernel& kernel, con
     load_queries(p, item, shape, p.variant.scale * k_scale, sc.q);
   }
 
-  const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(KV);
+  // The rows in the cache (KV is f32 where the item dequantizes a per-token-head cache).
+  const std::size_t row_bytes = static_cast<std::size_t>(d_size) * dtype_size(p.kv_dtype);
   // Row pointers of the tile computed and of the next one, which is
   // prefetched meanwhile and computed in the next iteration.
   const unsigned char* tile_k[2][kTileKeys];
@@ -86,6 +87,7 @@ void run_tiles_head(D d, const AttentionParams& p, const ItemKernel& kernel, con
   if (lo < hi) tile_pointers(p, item, shape, lo, std::min(kTileKeys, hi - lo), tile_k[cur], tile_v[cur]);
   const bool packed_k = keys_packed(p);
   const unsigned char* unpacked_k[kTileKeys];
+  const unsigned char* dequantized_v[kTileKeys];
   for (int t0 = lo; t0 < hi; t0 += kTileKeys, cur ^= 1) {
     const int n = std::min(kTileKeys, hi - t0);
     const unsigned char* const* k_rows = tile_k[cur];  // [n] this tile's rows
@@ -102,7 +104,11 @@ void run_tiles_head(D d, const AttentionParams& p, const ItemKernel& kernel, con
       prefetch_rows<kKeepInL2>(far_k, far_n, row_bytes);
       prefetch_rows<kKeepInL2>(far_v, far_n, row_bytes);
     }
-    if (packed_k) {
+    if (token_scaled(p)) {
+      dequantize_tile(d, p, item.request, item.kv_head, t0, n, k_rows, v_rows, sc, unpacked_k, dequantized_v);
+      k_rows = unpacked_k;
+      v_rows = dequantized_v;
+    } else if (packed_k) {
       unpack_key_rows<KV>(p, t0, n, k_rows, sc.ks, unpacked_k);
       k_rows = unpacked_k;
     }

@@ -4,18 +4,19 @@
 // figures. Times are CUDA-event medians of graph replays (launch gaps out)
 // and of eager calls; the host plan (builder) is timed separately. The
 // device-to-device copy bandwidth is measured in the same run.
-#include <CLI/CLI.hpp>
 #include <cuda_runtime_api.h>
-#include <nlohmann/json.hpp>
+#include <pagedattn/backend/registry.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/forward_context.h>
+#include <pagedattn/kv_cache.h>
 #include <pagedattn/metadata.h>
-#include <pagedattn/backend/registry.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 
@@ -41,7 +42,7 @@ struct Options {
   int head_size = 128;
   int block_size = 16;
   std::string dtype = "bf16";
-  std::string kv_cache_dtype = "auto";
+  std::vector<std::string> kv_cache_dtypes{"auto"};
   int warmup = 5;
   int repeats = 30;
   std::string json;
@@ -68,8 +69,15 @@ double event_ms(F&& fn) {
   return ms;
 }
 
-void fill(const Tensor& t, std::uint64_t seed) {
-  check(cuda_kernels::launch_fill_uniform(t.data(), t.dtype(), t.numel(), seed, -1.0f, 1.0f, nullptr), "fill");
+// Random cache contents: int8 over its whole range, other dtypes in [-1, 1).
+constexpr float kInt8FillRange = 127.0f;
+// Per-token-head scales: uniform in [0.5, 1.5) / qmax, so values read back lie
+// within about [-1.5, 1.5] as the other dtypes' do.
+constexpr float kScaleLo = 0.5f;
+constexpr float kScaleHi = 1.5f;
+
+void fill(const Tensor& t, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  check(cuda_kernels::launch_fill_uniform(t.data(), t.dtype(), t.numel(), seed, lo, hi, nullptr), "fill");
 }
 
 double copy_bandwidth_gb_s() {
@@ -87,11 +95,12 @@ double copy_bandwidth_gb_s() {
   return 2.0 * static_cast<double>(kCopyBytes) / (bench::median_of(ms) * 1e-3) / 1e9;  // read + write
 }
 
-nlohmann::json run_spec(const Options& o, const std::string& spec, const AttentionBackend& backend) {
+nlohmann::json run_spec(const Options& o, const std::string& spec, const std::string& kv_name,
+                        const AttentionBackend& backend) {
   const auto dtype = parse_dtype(o.dtype);
-  const auto kv = parse_cache_dtype(o.kv_cache_dtype);
+  const auto kv = parse_cache_dtype(kv_name);
   if (!dtype) throw_invalid(kWhere, "--dtype", "f16 or bf16", o.dtype);
-  if (!kv) throw_invalid(kWhere, "--kv-cache-dtype", "a vLLM cache dtype", o.kv_cache_dtype);
+  if (!kv) throw_invalid(kWhere, "--kv-cache-dtype", "a vLLM cache dtype", kv_name);
   const std::vector<bench::BatchRequest> requests = bench::parse_batch_spec(spec);
   std::mt19937 rng(1);
   std::int64_t blocks = 0;
@@ -111,13 +120,21 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const Attenti
   const int tokens = common.num_actual_tokens;
 
   const DType storage = kv_cache_storage_dtype(*kv, *dtype);
-  const Dims shape = backend.kv_cache_shape(blocks + 1, o.block_size, o.num_kv_heads, o.head_size, *kv);
-  const Tensor cache = Tensor::empty(shape, storage, gpu);
-  fill(cache, 7);
+  // One allocation per layer, per-token-head scales included, as allocate_kv_caches makes it.
+  const LayerKVCache layer_cache = allocate_layer_kv_cache(backend, blocks + 1, o.block_size, o.num_kv_heads,
+                                                           o.head_size, *kv, *dtype, KVCacheLayout::NHD, gpu);
+  const Tensor& cache = layer_cache.cache;
+  const Tensor& scales = layer_cache.scales;
+  const bool int8 = storage == DType::I8;
+  fill(cache, 7, int8 ? -kInt8FillRange : -1.0f, int8 ? kInt8FillRange : 1.0f);
+  if (scales.defined()) {
+    const float qmax = int8 ? kInt8Max : 1.0f;
+    fill(scales, 13, kScaleLo / qmax, kScaleHi / qmax);
+  }
   const Tensor query = Tensor::empty({tokens, o.num_heads, o.head_size}, *dtype, gpu);
   fill(query, 11);
   const Tensor out = Tensor::zeros({tokens, o.num_heads, o.head_size}, *dtype, gpu);
-  const KVCacheView kv_view = backend.unbind_kv_cache(cache);
+  const KVCacheView kv_view = backend.unbind_kv_cache(cache, scales);
   LayerQuantState layer;
   const std::vector<float> one{1.0f};
   for (Tensor* t : {&layer.k_scale, &layer.v_scale, &layer.q_scale, &layer.prob_scale}) {
@@ -137,10 +154,16 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const Attenti
   impl->forward(layer, query, {}, {}, kv_view, *md, out, {});
   check(cudaDeviceSynchronize(), "forward");
 
-  nlohmann::json j = {{"spec", bench::format_batch_spec(requests)}, {"num_reqs", common.num_reqs},
-                      {"num_tokens", tokens}, {"backend", backend.name()}, {"heads", o.num_heads},
-                      {"kv_heads", o.num_kv_heads}, {"head_size", o.head_size}, {"dtype", o.dtype},
-                      {"kv_cache_dtype", o.kv_cache_dtype}, {"label", o.label}};
+  nlohmann::json j = {{"spec", bench::format_batch_spec(requests)},
+                      {"num_reqs", common.num_reqs},
+                      {"num_tokens", tokens},
+                      {"backend", backend.name()},
+                      {"heads", o.num_heads},
+                      {"kv_heads", o.num_kv_heads},
+                      {"head_size", o.head_size},
+                      {"dtype", o.dtype},
+                      {"kv_cache_dtype", kv_name},
+                      {"label", o.label}};
 
   // ---- check sampled rows against REFERENCE (each as a decode of its prefix) ----
   const AttentionBackend& ref = *BackendRegistry::instance().find("REFERENCE");
@@ -157,6 +180,7 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const Attenti
     picked.push_back(t);
   }
   const Tensor cache_cpu = cache.to(Device::cpu());
+  const Tensor scales_cpu = scales.to(Device::cpu());
   const Tensor query_cpu = query.to(Device::cpu());
   const Tensor out_cpu = out.to(Device::cpu());
   Tensor q = Tensor::empty({rows, o.num_heads, o.head_size}, *dtype);
@@ -175,7 +199,8 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const Attenti
   const auto ref_md = ref.make_builder({o.block_size, o.num_kv_heads, o.head_size, Device::cpu(), {}})
                           ->build(make_common_metadata(sub, {o.block_size, true, Device::cpu(), 0}));
   Tensor want = Tensor::zeros({rows, o.num_heads, o.head_size}, *dtype);
-  ref.make_impl(ref_params)->forward(ref_layer, q, {}, {}, ref.unbind_kv_cache(cache_cpu), *ref_md, want, {});
+  ref.make_impl(ref_params)
+      ->forward(ref_layer, q, {}, {}, ref.unbind_kv_cache(cache_cpu, scales_cpu), *ref_md, want, {});
   OracleOutput expected;
   expected.num_tokens = rows;
   expected.num_heads = o.num_heads;
@@ -246,7 +271,10 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const Attenti
   }
   const double hd = static_cast<double>(o.num_heads) * o.head_size;
   const double flops = 4.0 * pairs * hd;
-  const double bytes = kv_tokens * o.num_kv_heads * o.head_size * 2.0 * static_cast<double>(dtype_size(storage)) +
+  // Per-token-head caches also read one f32 K and V scale per (token, KV head).
+  const double scale_bytes = scales.defined() ? static_cast<double>(sizeof(float)) : 0.0;
+  const double bytes = kv_tokens * o.num_kv_heads * 2.0 *
+                           (o.head_size * static_cast<double>(dtype_size(storage)) + scale_bytes) +
                        2.0 * tokens * hd * static_cast<double>(dtype_size(*dtype));
   const double ms = bench::median_of(replay);
   j.update({{"median_ms", ms}, {"eager_median_ms", bench::median_of(eager)}, {"plan_median_ms", bench::median_of(plan)},
@@ -266,17 +294,23 @@ int run(const Options& o) {
   fmt::print("{:<16} {:>10} {:>10} {:>9} {:>9} {:>9}  {}\n", "spec", "graph ms", "eager ms", "plan ms", "TB/s",
              "TFLOP/s", "check");
   bool ok = true;
+  // Several KV dtypes run each spec one after another, labelled with the dtype.
+  const bool several = o.kv_cache_dtypes.size() > 1;
   for (const std::string& spec : o.specs) {
-    nlohmann::json r = run_spec(o, spec, *backend);
-    ok = ok && r["check_passed"].get<bool>();
-    if (r["check_passed"].get<bool>()) {
-      fmt::print("{:<16} {:>10.4f} {:>10.4f} {:>9.3f} {:>9.2f} {:>9.1f}  ok\n", spec, r["median_ms"].get<double>(),
-                 r["eager_median_ms"].get<double>(), r["plan_median_ms"].get<double>(), r["tb_per_s"].get<double>(),
-                 r["tflop_per_s"].get<double>());
-    } else {
-      fmt::print("{:<16} CHECK FAILED (no figures): {}\n", spec, r["check_message"].get<std::string>());
+    for (const std::string& kv : o.kv_cache_dtypes) {
+      nlohmann::json r = run_spec(o, spec, kv, *backend);
+      const std::string name = several ? fmt::format("{} ({})", spec, kv) : spec;
+      ok = ok && r["check_passed"].get<bool>();
+      if (r["check_passed"].get<bool>()) {
+        fmt::print("{:<16} {:>10.4f} {:>10.4f} {:>9.3f} {:>9.2f} {:>9.1f}  ok\n", name,
+                   r["median_ms"].get<double>(), r["eager_median_ms"].get<double>(),
+                   r["plan_median_ms"].get<double>(), r["tb_per_s"].get<double>(),
+                   r["tflop_per_s"].get<double>());
+      } else {
+        fmt::print("{:<16} CHECK FAILED (no figures): {}\n", name, r["check_message"].get<std::string>());
+      }
+      report["runs"].push_back(std::move(r));
     }
-    report["runs"].push_back(std::move(r));
   }
   if (!o.json.empty()) std::ofstream(o.json) << report.dump(2) << "\n";
   return ok ? 0 : 1;
@@ -295,7 +329,11 @@ int main(int argc, char** argv) {
   app.add_option("--head-size", o.head_size, "head size");
   app.add_option("--block-size", o.block_size, "KV-cache block size");
   app.add_option("--dtype", o.dtype, "f16 or bf16");
-  app.add_option("--kv-cache-dtype", o.kv_cache_dtype, "auto, fp8, fp8_e4m3, fp8_e5m2, ...");
+  app.add_option(
+         "--kv-cache-dtype", o.kv_cache_dtypes,
+         "auto, fp8, fp8_e4m3, fp8_e5m2, int8_per_token_head, fp8_per_token_head; several (comma-separated) "
+         "run each spec once per dtype")
+      ->delimiter(',');
   app.add_option("--warmup", o.warmup, "warm-up forwards");
   app.add_option("--repeats", o.repeats, "timed forwards");
   app.add_option("--json", o.json, "write the report here");

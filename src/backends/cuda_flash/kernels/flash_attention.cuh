@@ -26,10 +26,12 @@ namespace pagedattn::cuda_flash::detail {
 
 inline constexpr int kSmemPad = 8;  // elements per row: ldmatrix rows land on distinct banks
 
-// kFp8: the cache holds fp8, staged raw in shared memory and converted to f16
-// in registers as the MMA fragments are read (its own instantiation: a
-// different shared-memory layout and pipeline, and the 16-bit kernel keeps
-// its registers for two M-tiles).
+// kFp8: the cache holds 8-bit values (fp8, or int8 of a per-token-head
+// cache), staged raw in shared memory and converted to f16 in registers as
+// the MMA fragments are read (its own instantiation: a different
+// shared-memory layout and pipeline, and the 16-bit kernel keeps its
+// registers for two M-tiles). Per-token-head scales ride along in a ring of
+// their own.
 template <int kHeadClass, bool kFp8>
 struct Shape {
   static constexpr int kD = kHeadClass;
@@ -43,6 +45,8 @@ struct Shape {
   // distinct groups of 4 banks.
   static constexpr int kRawStride = kD + 16;
   static constexpr int kRawTileBytes = kBlockN * kRawStride;  // one raw K or V tile
+  // Per-token-head scales of a raw stage: kBlockN K scales, then kBlockN V scales.
+  static constexpr int kScaleStageFloats = 2 * kBlockN;
   // 16-row MMA tiles per warp in a prefill pass: two share every K/V fragment
   // loaded from shared memory (half the shared-memory reads per MMA); the
   // largest class and the fp8 kernels have no registers for a second one.
@@ -52,7 +56,8 @@ struct Shape {
   static constexpr int kDTiles = kD / 8;
   static constexpr int kChunks = kD / kChunkElems;
   static constexpr int kTileElems = kBlockN * kStride;  // one K or V tile
-  static constexpr int kKVBytes = kFp8 ? kRawStages * 2 * kRawTileBytes : kStages * 2 * kTileElems * 2;
+  static constexpr int kKVBytes =
+      kFp8 ? kRawStages * (2 * kRawTileBytes + kScaleStageFloats * 4) : kStages * 2 * kTileElems * 2;
   // Each thread copies one fixed 8-element column (tid % kChunks) of a run of
   // kKeysPerThread consecutive keys of a tile (run tid / kChunks).
   static constexpr int kKeysPerThread = kBlockN * kChunks / kThreads;
@@ -142,19 +147,37 @@ __device__ __forceinline__ int q_fragment_word(int r, int d) {
   return ((tile * (kHC / 16) + d / 16) * 32 + lane) * 4 + word;
 }
 
-// How the cache stores K/V. The fp8 format is a template parameter: chosen at
-// run time inside the key loop, the compiler ran both conversions and
-// selected, which cost a quarter of the fp8 decode's instructions.
-enum class KvStore { Bits16, E4M3, E5M2 };
+// How the cache stores K/V. The 8-bit format is a template parameter: chosen
+// at run time inside the key loop, the compiler ran both conversions and
+// selected, which cost a quarter of the fp8 decode's instructions. I8 is
+// always per-token-head; E4M3 is when FlashParams::k_token_scale is set (a
+// uniform branch per tile, no instantiation of its own).
+enum class KvStore { Bits16, E4M3, E5M2, I8 };
 
 template <KvStore kKv>
 inline constexpr bool kIsFp8 = kKv != KvStore::Bits16;
+
+// int8 V is converted as q * 2^-kI8VShift and its per-token-head scales
+// multiplied by 2^kI8VShift, so a row's f16 scale stays normal down to the
+// smallest scale (kTokenHeadMinScale) and below the f16 maximum for any f16
+// value; the product is q * scale, rounded once.
+inline constexpr int kI8VShift = 6;
+
+// Four 8-bit K/V values (bytes 0..3 of w) -> two f16x2 words: bytes (0, 1)
+// -> lo, bytes (2, 3) -> hi; exact (int8 times 2^-kShift).
+template <KvStore kKv, int kShift = 0>
+__device__ __forceinline__ void kv8x4_to_f16x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+  if constexpr (kKv == KvStore::I8) {
+    i8x4_to_f16x2<kShift>(w, lo, hi);
+  } else {
+    fp8x4_to_f16x2<kKv == KvStore::E5M2 ? __NV_E5M2 : __NV_E4M3>(w, lo, hi);
+  }
+}
 
 template <int kHC, typename TIO, KvStore kKv, bool kDecode>
 __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride,
                          int row0, int rows, const SmemPtrs& sm) {
   constexpr bool kFp8 = kIsFp8<kKv>;
-  constexpr __nv_fp8_interpretation_t kFp8Kind = kKv == KvStore::E5M2 ? __NV_E5M2 : __NV_E4M3;
   using S = Shape<kHC, kFp8>;
   using T = Compute<TIO, kFp8>;
   constexpr int kRows = kDecode ? kDecodeRows : S::kPassRows;
@@ -240,7 +263,9 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   // only ever makes the whole-block test below stricter).
   const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
   const int warp_pos_hi = item.position_begin + (row0 + row_base + kWarpRows - 1) / group;
-  const float k_scale = kFp8 ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  // Per-token-head caches scale each key in the key loop instead.
+  const bool token_scaled = kKv == KvStore::I8 || (kFp8 && p.k_token_scale != nullptr);
+  const float k_scale = kFp8 && !token_scaled ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
   const float qk_scale = ldexpf(p.variant.scale * k_scale, q_shift);
   const float qk_scale_log2 = qk_scale * kLog2e;
 
@@ -274,7 +299,10 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   // fp8: raw tiles land in a ring of kRawStages slots through 8-byte copies
   // in the thread layout of the 16-bit copies; the MMA fragments are read
   // from them with ldmatrix and converted in registers (no 16-bit tile).
+  // Per-token-head scales: the threads of column 0 copy their run's K and V
+  // scales into the stage's scale slot (zeros for keys outside the range).
   unsigned char* raw_s = static_cast<unsigned char*>(sm.kv);
+  float* scale_s = reinterpret_cast<float*>(raw_s + S::kRawStages * 2 * S::kRawTileBytes);
   const int raw_offset = my_run * S::kKeysPerThread * S::kRawStride + my_ch * kChunkElems;
   const auto issue_raw = [&](int t, RunStart run) {
     unsigned char* k_dst = raw_s + (t % S::kRawStages) * 2 * S::kRawTileBytes + raw_offset;
@@ -283,6 +311,13 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       cp_async_8(k_dst + i * S::kRawStride, k_src, valid);
       cp_async_8(v_dst + i * S::kRawStride, v_src, valid);
     });
+    if (token_scaled && my_ch == 0) {
+      float* ks_dst = scale_s + (t % S::kRawStages) * S::kScaleStageFloats + my_run * S::kKeysPerThread;
+      walk_token_scales(walker, t, run, kv_head, p, [&](int i, bool valid, std::int64_t offset) {
+        cp_async_4(ks_dst + i, p.k_token_scale + offset, valid);
+        cp_async_4(ks_dst + kBlockN + i, p.v_token_scale + offset, valid);
+      });
+    }
   };
   // 16-bit: starts copying tile t into `buf`. With two stages the run start
   // of tile t + 1 is looked up right after, to land while tile t is
@@ -319,6 +354,8 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     // dims (one 16-byte load, q_fragment_word). The dot product does not care.
     const unsigned char* k_raw = raw_s + buf * 2 * S::kRawTileBytes;
     const unsigned char* v_raw = k_raw + S::kRawTileBytes;
+    const float* k_scales = scale_s + buf * S::kScaleStageFloats;  // per-token-head: this tile's keys
+    const float* v_scales = k_scales + kBlockN;
     const auto qk_fp8 = [&](auto full) {
       static_assert(!kFp8 || kMT == 1, "fp8 passes have one M-tile per warp");
 #pragma unroll
@@ -342,7 +379,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
             for (int j = 0; j < 4; ++j) {
               std::uint32_t b0;
               std::uint32_t b1;
-              fp8x4_to_f16x2<kFp8Kind>(r[j], b0, b1);
+              kv8x4_to_f16x2<kKv>(r[j], b0, b1);
               Elem<T>::mma(s[0][nt + (j & 1)], a[j >> 1], b0, b1);
             }
           }
@@ -372,6 +409,18 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     };
     if constexpr (kFp8) {
       with_full_head(head_size == kHC, qk_fp8);
+      if (token_scaled) {
+        // Score (row, key) times the key's K scale: the thread's keys of
+        // n-tile nt are 8 nt + 2 tig and the one after (C layout).
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const float2 ks = *reinterpret_cast<const float2*>(k_scales + key_base + nt * 8 + 2 * tig);
+          s[0][nt][0] *= ks.x;
+          s[0][nt][1] *= ks.y;
+          s[0][nt][2] *= ks.x;
+          s[0][nt][3] *= ks.y;
+        }
+      }
     } else {
       with_full_head(head_size == kHC, qk);
     }
@@ -405,12 +454,25 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     // fp8: a transposed ldmatrix row is 16 bytes of one key (16 dims), so a
     // thread receives dims 2g and 2g + 1 of keys 2t and 2t + 1: the even dims
     // feed one n-tile and the odd dims another (o[2j], o[2j + 1] of 16-dim
-    // group j; the O stage puts them back in order).
+    // group j; the O stage puts them back in order). Per-token-head V is
+    // multiplied by its keys' scales in f16 after the conversion (the keys
+    // of k8 are 16 kk + 8 k8 + 2t and the one after; int8 by kI8VShift).
+    constexpr int kVShift = kKv == KvStore::I8 ? kI8VShift : 0;
     const auto pv_fp8 = [&](auto full) {
 #pragma unroll
       for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
         std::uint32_t a[4];
         scores_to_a<T>(s[0], kk, a);
+        std::uint32_t vs[2] = {};
+        if (token_scaled) {
+          constexpr float kShiftFactor = static_cast<float>(1 << kVShift);
+#pragma unroll
+          for (int k8 = 0; k8 < 2; ++k8) {
+            const float2 f =
+                *reinterpret_cast<const float2*>(v_scales + key_base + kk * 16 + k8 * 8 + 2 * tig);
+            vs[k8] = Elem<half>::pack(f.x * kShiftFactor, f.y * kShiftFactor);
+          }
+        }
 #pragma unroll
         for (int dg = 0; dg < kHC / 16; dg += 2) {
           if (decltype(full)::value || dg * 16 < head_size) {
@@ -424,7 +486,12 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
               std::uint32_t odd[2];
 #pragma unroll
               for (int k8 = 0; k8 < 2; ++k8) {
-                fp8x4_to_f16x2<kFp8Kind>(__byte_perm(r[2 * h + k8], 0, kEvenThenOddBytes), even[k8], odd[k8]);
+                kv8x4_to_f16x2<kKv, kVShift>(__byte_perm(r[2 * h + k8], 0, kEvenThenOddBytes), even[k8],
+                                             odd[k8]);
+                if (token_scaled) {
+                  even[k8] = mul_f16x2(even[k8], vs[k8]);
+                  odd[k8] = mul_f16x2(odd[k8], vs[k8]);
+                }
               }
               Elem<T>::mma(o[0][2 * (dg + h)], a, even[0], even[1]);
               Elem<T>::mma(o[0][2 * (dg + h) + 1], a, odd[0], odd[1]);
@@ -493,7 +560,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     }
   }
   __syncthreads();
-  const float v_scale = kFp8 ? p.v_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  const float v_scale = kFp8 && !token_scaled ? p.v_scale[kv_head * p.kv_scale_stride] : 1.0f;
   write_pass_output<kHC, TIO, kDecode, kThreads>(p, item, kv_head, group, row0, rows, sm.stage, sm.ml, v_scale);
 }
 
@@ -602,6 +669,7 @@ int launch_class(const FlashParams& p, bool launch_combine, cudaStream_t stream)
       constexpr bool kDecodeOnly = decltype(decode_only)::value;
       if (p.kv_dtype == DType::FP8_E4M3) return launch_attention<kHC, T, KvStore::E4M3, kDecodeOnly>(p, stream);
       if (p.kv_dtype == DType::FP8_E5M2) return launch_attention<kHC, T, KvStore::E5M2, kDecodeOnly>(p, stream);
+      if (p.kv_dtype == DType::I8) return launch_attention<kHC, T, KvStore::I8, kDecodeOnly>(p, stream);
       return launch_attention<kHC, T, KvStore::Bits16, kDecodeOnly>(p, stream);
     };
     int rc = kLaunchOk;

@@ -40,15 +40,15 @@ enum class KernelKind : std::int32_t {
 };
 
 // The one predicate for "which kernel runs this step": the plan's item modes
-// (all decode / all prefill), the head-size class, the cache storage and the
-// device's compute capability (major * 10 + minor). A batch-invariant plan
-// always runs the mixed kernel: the others tile differently, so a request's
-// bits would depend on what else its step holds.
-constexpr KernelKind choose_kernel(int head_class, bool kv_fp8, bool decode_only, bool prefill_only,
+// (all decode / all prefill), the head-size class, the cache storage (kv_8bit:
+// fp8 or int8) and the device's compute capability (major * 10 + minor). A
+// batch-invariant plan always runs the mixed kernel: the others tile
+// differently, so a request's bits would depend on what else its step holds.
+constexpr KernelKind choose_kernel(int head_class, bool kv_8bit, bool decode_only, bool prefill_only,
                                    int sm_version, bool batch_invariant = false) {
   if (batch_invariant) return KernelKind::Mixed;
   if (decode_only && has_decode_only_kernel(head_class)) return KernelKind::DecodeOnly;
-  if (prefill_only && !kv_fp8 && has_wgmma_kernel(head_class) && sm_version == kWgmmaSmVersion) {
+  if (prefill_only && !kv_8bit && has_wgmma_kernel(head_class) && sm_version == kWgmmaSmVersion) {
     return KernelKind::WgmmaPrefill;
   }
   return KernelKind::Mixed;
@@ -130,10 +130,19 @@ struct FlashParams {
   std::int64_t v_head_stride = 0;
   int block_size = 1;
   std::int64_t num_blocks = 0;
-  DType kv_dtype = DType::BF16;  // bf16/f16 (= query dtype) or fp8
-  const float* k_scale = nullptr;  // fp8 only: [1] or [Hkv] device
+  DType kv_dtype = DType::BF16;    // bf16/f16 (= query dtype), fp8, or int8 (per-token-head only)
+  const float* k_scale = nullptr;  // fp8 per tensor only: [1] or [Hkv] device
   const float* v_scale = nullptr;
   int kv_scale_stride = 0;         // 0 = per tensor, 1 = per KV head
+  // Per-token-head caches (int8, or e4m3 with these set): each key's K and V
+  // scale, [NB, BS, Hkv] f32 on the device, both with the strides below;
+  // null otherwise. Scores are multiplied by the key's K scale, V rows by
+  // their V scale (in f16) before P V.
+  const float* k_token_scale = nullptr;
+  const float* v_token_scale = nullptr;
+  std::int64_t scale_block_stride = 0;
+  std::int64_t scale_slot_stride = 0;
+  std::int64_t scale_head_stride = 0;
 
   // ---- plan (device workspace) ----
   const PlanHeader* header = nullptr;

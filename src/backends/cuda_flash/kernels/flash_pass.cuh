@@ -192,6 +192,42 @@ struct KvRunWalker {
   }
 };
 
+// Calls f(i, valid, offset) for key i of this thread's run in tile t, where
+// offset is the element offset of the key's per-token-head scale for
+// `kv_head` (FlashParams::k_token_scale; the same for V). The same keys and
+// the same checks as walk (paged caches only: dense K/V has no scales).
+template <int kKeysPerRun, typename F>
+__device__ __forceinline__ void walk_token_scales(const KvRunWalker<kKeysPerRun>& w, int t, RunStart run,
+                                                  int kv_head, const FlashParams& p, F&& f) {
+  const int j0 = w.first_key(t);
+  const std::int64_t head_offset = kv_head * p.scale_head_stride;
+  if (w.runs_in_block) {
+    const bool run_ok = run.block >= 0 && run.block < p.num_blocks;
+    const std::int64_t first =
+        run.block * p.scale_block_stride + run.slot * p.scale_slot_stride + head_offset;
+#pragma unroll
+    for (int i = 0; i < kKeysPerRun; ++i) {
+      const int j = j0 + i;
+      const bool valid = run_ok && j >= w.range.kv_lo && j < w.range.kv_hi;
+      f(i, valid, valid ? first + i * p.scale_slot_stride : 0);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kKeysPerRun; ++i) {
+    const int j = j0 + i;
+    const int b = j / p.block_size;
+    std::int32_t id = -1;
+    if (j >= w.range.kv_lo && j < w.range.kv_hi) {
+      id = w.bt_row[b];
+      if (id >= p.num_blocks) id = -1;
+    }
+    const bool valid = id >= 0;
+    const std::int64_t slot = j - b * p.block_size;
+    f(i, valid, valid ? id * p.scale_block_stride + slot * p.scale_slot_stride + head_offset : 0);
+  }
+}
+
 // Whether keys [k0, k_last] are visible to every row of positions
 // [pos_lo, pos_hi] with plain scores (no soft cap, no ALiBi): such a block
 // needs neither masks nor per-score transforms. PrefixLM ranges only add

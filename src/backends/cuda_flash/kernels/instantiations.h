@@ -1,5 +1,6 @@
 // The instantiation matrix of the attention kernel, in one place: head-size
-// classes x {f16, bf16} x {16-bit KV, fp8 e4m3 KV, fp8 e5m2 KV} x {mixed,
+// classes x {f16, bf16} x {16-bit KV, fp8 e4m3 KV (per tensor or per token
+// head), fp8 e5m2 KV, int8 per-token-head KV} x {mixed,
 // decode-only (classes up to kDecodeOnlyMaxClass)} (the fp8 kernels stage K/V
 // through registers that would make the 16-bit ones spill; the fp8 format
 // chosen at run time cost both conversions; launch_class picks by the cache

@@ -67,6 +67,17 @@ double kv_scale(const ReferenceAttentionParams& p, const float* scales, int kv_h
   return static_cast<double>(scales[p.num_kv_scales == 1 ? 0 : kv_head]);
 }
 
+// The dequantization scale of key j: the per-tensor or per-head one, times
+// the key's own scale in a per-token-head cache.
+double key_scale(const ReferenceAttentionParams& p, const ScaleOperand& token, double tensor_scale,
+                 const RowContext& row, int j) {
+  if (token.data == nullptr) return tensor_scale;
+  const std::int64_t block = p.block_table[row.request * p.block_table_row_stride + j / p.block_size];
+  const std::int64_t slot = j % p.block_size;
+  return tensor_scale * static_cast<double>(token.data[block * token.block_stride + slot * token.slot_stride +
+                                                       row.kv_head * token.head_stride]);
+}
+
 // One (token, head) row: scores, softmax (with the sink in the denominator) and
 // the weighted sum of values, all in double.
 void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int head, int token, int position,
@@ -103,7 +114,7 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
   const auto soft_cap = static_cast<double>(v.soft_cap);
   double max_score = -std::numeric_limits<double>::infinity();
   for (int j = lo; j < hi; ++j) {
-    load_key_row(p, row, j, k_scale, kv);
+    load_key_row(p, row, j, key_scale(p, p.k_token_scale, k_scale, row, j), kv);
     double dot = 0.0;
     for (int d = 0; d < d_size; ++d) dot += q[d] * kv[d];
     double s = scale * dot;
@@ -123,7 +134,8 @@ void attend_row(const ReferenceAttentionParams& p, const RowContext& row, int he
     const double w = std::exp(scores[j - lo] - max_score);
     denom += w;
     load_row(key_or_value_row(p, row, j, true),
-             p.variant.key_source == KeySource::DenseRows ? p.value.dtype : p.cache_dtype, d_size, v_scale, kv);
+             p.variant.key_source == KeySource::DenseRows ? p.value.dtype : p.cache_dtype, d_size,
+             key_scale(p, p.v_token_scale, v_scale, row, j), kv);
     for (int d = 0; d < d_size; ++d) acc[d] += w * kv[d];
   }
   for (int d = 0; d < d_size; ++d) {

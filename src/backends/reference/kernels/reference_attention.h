@@ -42,6 +42,10 @@ struct ReferenceAttentionParams {
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
   int num_kv_scales = 0;
+  // Per-token-head scales of an int8 or fp8 per-token-head cache (data null
+  // otherwise): key j of a request is read as stored * its slot's scale.
+  ScaleOperand k_token_scale;
+  ScaleOperand v_token_scale;
 
   // ---- outputs ----
   void* output = nullptr;  // [T, H, D], rows < num_actual_tokens written
