@@ -157,18 +157,12 @@ enum class KvStore { Bits16, E4M3, E5M2, I8 };
 template <KvStore kKv>
 inline constexpr bool kIsFp8 = kKv != KvStore::Bits16;
 
-// int8 V is converted as q * 2^-kI8VShift and its per-token-head scales
-// multiplied by 2^kI8VShift, so a row's f16 scale stays normal down to the
-// smallest scale (kTokenHeadMinScale) and below the f16 maximum for any f16
-// value; the product is q * scale, rounded once.
-inline constexpr int kI8VShift = 6;
-
 // Four 8-bit K/V values (bytes 0..3 of w) -> two f16x2 words: bytes (0, 1)
-// -> lo, bytes (2, 3) -> hi; exact (int8 times 2^-kShift).
-template <KvStore kKv, int kShift = 0>
+// -> lo, bytes (2, 3) -> hi; exact.
+template <KvStore kKv>
 __device__ __forceinline__ void kv8x4_to_f16x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
   if constexpr (kKv == KvStore::I8) {
-    i8x4_to_f16x2<kShift>(w, lo, hi);
+    i8x4_to_f16x2(w, lo, hi);
   } else {
     fp8x4_to_f16x2<kKv == KvStore::E5M2 ? __NV_E5M2 : __NV_E4M3>(w, lo, hi);
   }
@@ -431,6 +425,24 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
       const ScoreRows at{{row0 + thread_row(mt, 0), row0 + thread_row(mt, 1)}, row0 + rows, k0, tig};
       online_softmax(p, item, kv_head, group, range, at, whole, qk_scale, qk_scale_log2, s[mt], o[mt], m[mt], l[mt]);
     }
+    // Per-token-head V: sum_k p_k (s_k v_k) = sum_k (p_k s_k) v_k, so each
+    // probability is multiplied by its key's V scale in f32 (l already holds
+    // the plain sum) and V enters the MMA as converted: 8 multiplies per
+    // thread and warp-tile where scaling V took 32 f16 multiplies (perf-log
+    // attempt 28). p <= 2^kRescaleLog2, so p s stays a finite f16 up to
+    // amax(V) = 65504 qmax / 2^kRescaleLog2.
+    if constexpr (kFp8) {
+      if (token_scaled) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const float2 vs = *reinterpret_cast<const float2*>(v_scales + key_base + nt * 8 + 2 * tig);
+          s[0][nt][0] *= vs.x;
+          s[0][nt][1] *= vs.y;
+          s[0][nt][2] *= vs.x;
+          s[0][nt][3] *= vs.y;
+        }
+      }
+    }
     // O += P V: the score accumulators of two adjacent n-tiles form one A
     // operand; each V fragment serves every M-tile of the warp.
     const auto pv = [&](auto full) {
@@ -454,25 +466,12 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     // fp8: a transposed ldmatrix row is 16 bytes of one key (16 dims), so a
     // thread receives dims 2g and 2g + 1 of keys 2t and 2t + 1: the even dims
     // feed one n-tile and the odd dims another (o[2j], o[2j + 1] of 16-dim
-    // group j; the O stage puts them back in order). Per-token-head V is
-    // multiplied by its keys' scales in f16 after the conversion (the keys
-    // of k8 are 16 kk + 8 k8 + 2t and the one after; int8 by kI8VShift).
-    constexpr int kVShift = kKv == KvStore::I8 ? kI8VShift : 0;
+    // group j; the O stage puts them back in order).
     const auto pv_fp8 = [&](auto full) {
 #pragma unroll
       for (int kk = 0; kk < kWarpKeys / 16; ++kk) {
         std::uint32_t a[4];
         scores_to_a<T>(s[0], kk, a);
-        std::uint32_t vs[2] = {};
-        if (token_scaled) {
-          constexpr float kShiftFactor = static_cast<float>(1 << kVShift);
-#pragma unroll
-          for (int k8 = 0; k8 < 2; ++k8) {
-            const float2 f =
-                *reinterpret_cast<const float2*>(v_scales + key_base + kk * 16 + k8 * 8 + 2 * tig);
-            vs[k8] = Elem<half>::pack(f.x * kShiftFactor, f.y * kShiftFactor);
-          }
-        }
 #pragma unroll
         for (int dg = 0; dg < kHC / 16; dg += 2) {
           if (decltype(full)::value || dg * 16 < head_size) {
@@ -486,12 +485,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
               std::uint32_t odd[2];
 #pragma unroll
               for (int k8 = 0; k8 < 2; ++k8) {
-                kv8x4_to_f16x2<kKv, kVShift>(__byte_perm(r[2 * h + k8], 0, kEvenThenOddBytes), even[k8],
-                                             odd[k8]);
-                if (token_scaled) {
-                  even[k8] = mul_f16x2(even[k8], vs[k8]);
-                  odd[k8] = mul_f16x2(odd[k8], vs[k8]);
-                }
+                kv8x4_to_f16x2<kKv>(__byte_perm(r[2 * h + k8], 0, kEvenThenOddBytes), even[k8], odd[k8]);
               }
               Elem<T>::mma(o[0][2 * (dg + h)], a, even[0], even[1]);
               Elem<T>::mma(o[0][2 * (dg + h) + 1], a, odd[0], odd[1]);

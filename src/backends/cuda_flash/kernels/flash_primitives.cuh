@@ -130,20 +130,15 @@ __device__ __forceinline__ void fp8x4_to_f16x2(std::uint32_t w, std::uint32_t& l
 }
 
 // Four int8 values (bytes 0..3 of w) -> two f16x2 words, as
-// fp8x4_to_f16x2 pairs them, each value q exactly as q * 2^-kShift: each
-// byte, offset to unsigned (b = q + 128), becomes the low mantissa byte of
-// the f16 1024 + b (a byte permute); then (1024 + b) * 2^-kShift - 1152 *
-// 2^-kShift, one fused multiply-add, is exact. A shift lets a small scale
-// multiplied by 2^kShift stay a normal f16 (per-token-head V).
-template <int kShift>
+// fp8x4_to_f16x2 pairs them, each value exact: each byte, offset to unsigned
+// (b = q + 128), becomes the low mantissa byte of the f16 1024 + b (a byte
+// permute); then (1024 + b) - 1152, one add, is exact.
 __device__ __forceinline__ void i8x4_to_f16x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
-  static_assert(kShift >= 0 && kShift <= 10, "q * 2^-kShift must stay a normal f16");
   constexpr std::uint32_t kSignFlip = 0x80808080u;
   constexpr std::uint32_t kHighBytes = 0x64646464u;  // 0x64xx is the f16 1024 + xx
   constexpr std::uint32_t kBytes01 = 0x4140;         // (byte 0, 0x64, byte 1, 0x64)
   constexpr std::uint32_t kBytes23 = 0x4342;         // (byte 2, 0x64, byte 3, 0x64)
-  const __half2 scale = __float2half2_rn(1.0f / static_cast<float>(1 << kShift));
-  const __half2 offset = __float2half2_rn(-1152.0f / static_cast<float>(1 << kShift));
+  const __half2 offset = __float2half2_rn(-1152.0f);
   const std::uint32_t u = w ^ kSignFlip;
   const std::uint32_t l = __byte_perm(u, kHighBytes, kBytes01);
   const std::uint32_t h = __byte_perm(u, kHighBytes, kBytes23);
@@ -151,17 +146,10 @@ __device__ __forceinline__ void i8x4_to_f16x2(std::uint32_t w, std::uint32_t& lo
   __half2 hh;
   std::memcpy(&lh, &l, sizeof lh);
   std::memcpy(&hh, &h, sizeof hh);
-  const __half2 rl = __hfma2(lh, scale, offset);
-  const __half2 rh = __hfma2(hh, scale, offset);
+  const __half2 rl = __hadd2(lh, offset);
+  const __half2 rh = __hadd2(hh, offset);
   std::memcpy(&lo, &rl, sizeof lo);
   std::memcpy(&hi, &rh, sizeof hi);
-}
-
-// Multiplies two f16 values (a word) by two others.
-__device__ __forceinline__ std::uint32_t mul_f16x2(std::uint32_t a, std::uint32_t b) {
-  std::uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
 }
 
 // The two 16-bit values of a word (low half first) as floats.
