@@ -263,7 +263,7 @@ TEST(ConformanceReferenceTest, FeatureSamplesPass) {
                                "padded",    ",lse",           "noncausal",
                                "[encoder,", "[encoder_only,", "[encoder_decoder,",
                                "h32/8",     "block_edges",    "large_decode_div16",
-                               "mm_prefix"}) {
+                               "mm_prefix",   "batch_invariant"}) {
     const ConformanceCase& c = first_case_with(fragment);
     const CaseResult r = run_conformance_case(kReference, c);
     EXPECT_EQ(r.status, CaseStatus::Passed) << c.id() << ": " << r.message;

@@ -119,6 +119,7 @@ std::string feature_id(const ConformanceCase& c) {
   if (c.sliding_window) s += fmt::format(",win={}", *c.sliding_window);
   if (c.attention_chunk_size) s += fmt::format(",chunk={}", *c.attention_chunk_size);
   if (c.mm_prefix) s += ",mm_prefix";
+  if (c.batch_invariant) s += ",batch_invariant";
   if (c.shared_prefix > 0) s += fmt::format(",prefix={}", c.shared_prefix);
   if (c.soft_cap) s += fmt::format(",cap={}", *c.soft_cap);
   if (c.scale) s += fmt::format(",scale={}", *c.scale);
@@ -689,6 +690,8 @@ std::vector<ConformanceCase> conformance_grid() {
   large_group_sweep(g);
   head_size_sweep(g);
   long_context_sweep(g);
+  // Batch-invariant plans (last, so the cases above keep their seeds).
+  feature_sweep(g, 9, [](ConformanceCase& c) { c.batch_invariant = true; });
   return g.take();
 }
 

@@ -447,6 +447,9 @@ CaseResult CaseRun::run() {
   const ProblemSupport support = backend_.problem_support(
       make_attention_problem(params_, c_.block_size, &steps[0].common, want_lse_, per_head));
   if (!support.supported()) return {CaseStatus::Skipped, join(support.reasons)};
+  if (c_.batch_invariant && !backend_.supports_batch_invariance()) {
+    return {CaseStatus::Skipped, "batch invariance not supported"};
+  }
 
   impl_ = backend_.make_impl(params_);
   BuilderParams builder_params;
@@ -456,6 +459,7 @@ CaseResult CaseRun::run() {
   builder_params.num_heads = c_.num_heads;
   builder_params.device = device_;
   builder_params.layer_names = {std::string(kLayerName)};
+  builder_params.batch_invariant = c_.batch_invariant;
   // As the layers' builder: cascades allowed where the layer allows them (a
   // CascadeBuilder that never cascades is the backend's builder).
   builder_ = std::make_unique<CascadeBuilder>(backend_, builder_params, c_.dtype,

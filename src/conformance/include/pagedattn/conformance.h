@@ -118,6 +118,9 @@ struct ConformanceCase {
   KVCacheLayout layout = KVCacheLayout::NHD;
   std::optional<int> sliding_window;
   std::optional<int> attention_chunk_size;  // decoder only; a multiple of block_size
+  // Batch invariance: the step is planned with BuilderParams::batch_invariant
+  // (the backend's per-request plan; skipped where it is not declared).
+  bool batch_invariant = false;
   // PrefixLM: the layer has use_mm_prefix and the step the batch's
   // mm_prefix_ranges (causal decoder only, not with chunking or a cascade).
   bool mm_prefix = false;
