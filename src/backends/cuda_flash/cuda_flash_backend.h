@@ -19,7 +19,8 @@ class CudaFlashBackend : public AttentionBackend {
   std::string_view name() const override { return kCudaFlashBackendName; }
   DeviceType device_type() const override { return DeviceType::CUDA; }
   std::string_view description() const override {
-    return "tensor-core paged attention (mma.sync m16n8k16), mixed batches in one launch, split-KV decode";
+    return "tensor-core paged attention (mma.sync m16n8k16), mixed batches in one launch, split-KV decode; "
+           "warp-specialized wgmma prefill on Hopper";
   }
 
   std::vector<DType> supported_dtypes() const override { return {DType::F16, DType::BF16}; }
