@@ -127,7 +127,13 @@ void check_shape(const BenchConfig& c) {
   check_arg(c.block_size >= 1, kWhere, "block_size", ">= 1", c.block_size);
 }
 
+void check_invariance(const BenchConfig& c, const AttentionBackend& backend) {
+  check_arg(!c.batch_invariant || backend.supports_batch_invariance(), kWhere, "batch_invariant",
+            "a backend that declares batch invariance", c.backend);
+}
+
 Workload make_workload(const BenchConfig& c, const AttentionBackend& backend) {
+  check_invariance(c, backend);
   Workload w;
   w.requests = parse_batch_spec(c.spec);
   const WorkloadSize size = size_workload(c, w.requests);
@@ -179,6 +185,7 @@ Workload make_workload(const BenchConfig& c, const AttentionBackend& backend) {
   w.builder.num_kv_heads = c.num_kv_heads;
   w.builder.head_size = c.head_size;
   w.builder.num_heads = c.num_heads;
+  w.builder.batch_invariant = c.batch_invariant;
   return w;
 }
 
@@ -291,7 +298,7 @@ void fill_figures(Timed& t) {
 
 void check_bench_config(const BenchConfig& config) {
   check_shape(config);
-  (void)find_backend(config.backend);
+  check_invariance(config, find_backend(config.backend));
   check_fits_in_memory(config, size_workload(config, parse_batch_spec(config.spec)));
 }
 

@@ -26,6 +26,9 @@ struct BenchConfig {
   int repeats = 10;
   int check_rows = 8;  // query tokens checked against REFERENCE (spread over the batch)
   std::uint32_t seed = 1;
+  // Plan with BuilderParams::batch_invariant (its cost is what this measures);
+  // the backend must declare batch invariance.
+  bool batch_invariant = false;
 };
 
 struct BenchResult {

@@ -43,6 +43,16 @@ TEST(AttentionBenchTest, Fp8KvIsCheckedToo) {
   EXPECT_TRUE(r.check_passed) << r.check_message;
 }
 
+// The batch-invariant plan (a split decode and a prefill) is checked and timed too.
+TEST(AttentionBenchTest, BatchInvariantPlansAreCheckedToo) {
+  BenchConfig c = small_config("q1s5000_q40");
+  c.batch_invariant = true;
+  check_bench_config(c);
+  const BenchResult r = run_attention_bench(c);
+  EXPECT_TRUE(r.check_passed) << r.check_message;
+  EXPECT_GT(r.median_ms, 0.0);
+}
+
 TEST(AttentionBenchTest, TimesSeveralConfigsSideBySide) {
   BenchConfig fp8 = small_config("2q1s300");
   fp8.kv_cache_dtype = CacheDType::Fp8E4M3;

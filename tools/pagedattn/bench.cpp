@@ -205,6 +205,8 @@ void add_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--roofline-threads", o->roofline_threads,
                   "Threads of the roofline (default: PAGEDATTN_NUM_THREADS or all)")
       ->check(in_range(0, kMaxThreads));
+  cmd->add_flag("--batch-invariant", o->config.batch_invariant,
+                "Plan every request from itself alone (the batch-invariant mode; its cost)");
   cmd->add_flag("--json", o->json, "Print one JSON report instead of the table");
   cmd->callback([o, &exit_code] { exit_code = run_bench(*o); });
 }

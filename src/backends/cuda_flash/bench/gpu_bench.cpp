@@ -47,6 +47,7 @@ struct Options {
   int repeats = 30;
   std::string json;
   std::string label;
+  bool batch_invariant = false;  // plan with BuilderParams::batch_invariant (its cost)
 };
 
 void check(int status, std::string_view what) { cuda::check_cuda(status, what); }
@@ -149,7 +150,8 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const std::st
   params.dtype = *dtype;
   params.device = gpu;
   auto impl = backend.make_impl(params);
-  auto builder = backend.make_builder({o.block_size, o.num_kv_heads, o.head_size, gpu, {}, o.num_heads});
+  auto builder =
+      backend.make_builder({o.block_size, o.num_kv_heads, o.head_size, gpu, {}, o.num_heads, o.batch_invariant});
   std::shared_ptr<const BackendMetadata> md = builder->build(common);
   impl->forward(layer, query, {}, {}, kv_view, *md, out, {});
   check(cudaDeviceSynchronize(), "forward");
@@ -338,6 +340,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", o.repeats, "timed forwards");
   app.add_option("--json", o.json, "write the report here");
   app.add_option("--label", o.label, "free text stored with each run");
+  app.add_flag("--batch-invariant", o.batch_invariant, "plan every request from itself alone (the cost of that mode)");
   CLI11_PARSE(app, argc, argv);
   try {
     return pagedattn::run(o);
