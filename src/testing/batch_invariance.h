@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,9 @@ struct InvarianceRequest {
   int query_len;
   int seq_len;
 };
+
+// gtest's name for a parameter: q<query_len>s<seq_len>.
+inline void PrintTo(const InvarianceRequest& r, std::ostream* os) { *os << "q" << r.query_len << "s" << r.seq_len; }
 
 inline constexpr int kInvarianceBlockSize = 16;
 inline constexpr int kInvarianceMaxOthers = 64;
