@@ -168,6 +168,21 @@ __device__ __forceinline__ void kv8x4_to_f16x2(std::uint32_t w, std::uint32_t& l
   }
 }
 
+// Multiplies a warp's scores by their keys' per-token-head scales (`scales`:
+// the warp's first key); in the C layout the thread's keys of n-tile nt are
+// 8 nt + 2 tig and the one after.
+template <int kNT>
+__device__ __forceinline__ void scale_by_key(float (&s)[kNT][4], const float* scales, int tig) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const float2 f = *reinterpret_cast<const float2*>(scales + nt * 8 + 2 * tig);
+    s[nt][0] *= f.x;
+    s[nt][1] *= f.y;
+    s[nt][2] *= f.x;
+    s[nt][3] *= f.y;
+  }
+}
+
 template <int kHC, typename TIO, KvStore kKv, bool kDecode>
 __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride,
                          int row0, int rows, const SmemPtrs& sm) {
@@ -403,18 +418,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     };
     if constexpr (kFp8) {
       with_full_head(head_size == kHC, qk_fp8);
-      if (token_scaled) {
-        // Score (row, key) times the key's K scale: the thread's keys of
-        // n-tile nt are 8 nt + 2 tig and the one after (C layout).
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const float2 ks = *reinterpret_cast<const float2*>(k_scales + key_base + nt * 8 + 2 * tig);
-          s[0][nt][0] *= ks.x;
-          s[0][nt][1] *= ks.y;
-          s[0][nt][2] *= ks.x;
-          s[0][nt][3] *= ks.y;
-        }
-      }
+      if (token_scaled) scale_by_key(s[0], k_scales + key_base, tig);  // scores times their K scales
     } else {
       with_full_head(head_size == kHC, qk);
     }
@@ -428,20 +432,11 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     // Per-token-head V: sum_k p_k (s_k v_k) = sum_k (p_k s_k) v_k, so each
     // probability is multiplied by its key's V scale in f32 (l already holds
     // the plain sum) and V enters the MMA as converted: 8 multiplies per
-    // thread and warp-tile where scaling V took 32 f16 multiplies (perf-log
-    // attempt 28). p <= 2^kRescaleLog2, so p s stays a finite f16 up to
-    // amax(V) = 65504 qmax / 2^kRescaleLog2.
+    // thread and warp-tile where scaling V took 32 f16 multiplies
+    // (docs/cuda_flash.md). p <= 2^kRescaleLog2, so p s stays a finite f16 up
+    // to amax(V) = 65504 qmax / 2^kRescaleLog2.
     if constexpr (kFp8) {
-      if (token_scaled) {
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const float2 vs = *reinterpret_cast<const float2*>(v_scales + key_base + nt * 8 + 2 * tig);
-          s[0][nt][0] *= vs.x;
-          s[0][nt][1] *= vs.y;
-          s[0][nt][2] *= vs.x;
-          s[0][nt][3] *= vs.y;
-        }
-      }
+      if (token_scaled) scale_by_key(s[0], v_scales + key_base, tig);
     }
     // O += P V: the score accumulators of two adjacent n-tiles form one A
     // operand; each V fragment serves every M-tile of the warp.
@@ -609,8 +604,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
       };
       // The split loops are unrolled so that their loads issue together: one
       // load and its use per split made the 32-split merge of a lone decode
-      // (1q1s8k) a chain of 64 memory latencies (ncu: 21 us, longer than the
-      // attention kernel before it; perf-log attempt 27).
+      // (1q1s8k) a chain of 64 memory latencies (ncu, caches flushed: 21 us,
+      // longer than the attention kernel before it).
       float m_keys = -CUDART_INF_F;
 #pragma unroll kCombineUnroll
       for (int s = 0; s < item.num_splits; ++s) m_keys = fmaxf(m_keys, p.partial_lse[prow(s)]);
