@@ -97,7 +97,7 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     const int group = params_.num_heads > 0 ? params_.num_heads / params_.num_kv_heads : 1;
     const WorkList plan =
         make_work_list({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group,
-                        params_.head_size, params_.batch_invariant});
+                        params_.head_size, params_.batch_invariant, common.causal});
 
     const TensorView& bt = common.block_table_cpu;
     const std::int64_t bt_rows = bt.defined() ? bt.size(0) : 0;

@@ -47,6 +47,13 @@ int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_
   return std::clamp(std::min(by_fill, by_keys), 1, kMaxSplits);
 }
 
+std::int64_t item_cost(const WorkItem& w, int group, bool causal) {
+  const std::int64_t query_end = static_cast<std::int64_t>(w.position_begin) + w.num_tokens;
+  const std::int64_t visible_end = causal ? std::min<std::int64_t>(w.kv_end, query_end) : w.kv_end;
+  const std::int64_t keys = std::max<std::int64_t>(visible_end - w.kv_begin, 0);
+  return keys * (static_cast<std::int64_t>(w.num_tokens) * group + kKeyReadRows);
+}
+
 int invariant_num_splits(int kv_len) {
   return std::clamp(ceil_div(std::max(kv_len, 0), kInvariantSplitKeys), 1, kMaxSplits);
 }
@@ -121,11 +128,11 @@ WorkList make_work_list(const PlanInputs& in) {
     plan.combine.push_back({t.token_begin, t.num_tokens, splits, w.partial_index});
     plan.partial_token_rows += static_cast<std::int64_t>(splits) * t.num_tokens;
   }
-  // Heaviest first: the hardware hands out CTAs in index order, so this is a
-  // longest-processing-time schedule.
-  std::stable_sort(plan.items.begin(), plan.items.end(), [](const WorkItem& a, const WorkItem& b) {
-    return static_cast<std::int64_t>(a.num_tokens) * (a.kv_end - a.kv_begin) >
-           static_cast<std::int64_t>(b.num_tokens) * (b.kv_end - b.kv_begin);
+  // Heaviest first: the hardware hands out CTAs in index order, and the
+  // persistent kernels stride over the list, so the short items fill the tail.
+  const int group = std::max(in.group, 1);
+  std::stable_sort(plan.items.begin(), plan.items.end(), [&](const WorkItem& a, const WorkItem& b) {
+    return item_cost(a, group, in.causal) > item_cost(b, group, in.causal);
   });
   return plan;
 }

@@ -41,7 +41,15 @@ struct PlanInputs {
   int group = 1;  // query heads per KV head (the largest of the step's layers)
   int head_size = 0;  // 0 = unknown (plans as for the largest class)
   bool batch_invariant = false;  // splits from each request alone (kInvariantSplitKeys)
+  bool causal = true;            // a query sees keys up to its position (the items' costs)
 };
+
+// The order of the work list: an item's cost is the keys its queries see
+// (causal: up to its last query's position) times the rows that use each key
+// plus kKeyReadRows, the cost of reading a key from memory in rows of math: a
+// decode item reads as many bytes per key as a prefill item for a few rows.
+inline constexpr std::int64_t kKeyReadRows = kPrefillRows;
+std::int64_t item_cost(const WorkItem& w, int group, bool causal);
 
 // Query tokens per prefill item: kPrefillRows packed rows (the G query heads
 // of a token are rows of one item), so the work spreads over as many CTAs as

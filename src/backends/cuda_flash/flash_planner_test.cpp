@@ -186,10 +186,32 @@ TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {
   EXPECT_EQ(decode, 63);
   // Heaviest first.
   for (std::size_t i = 1; i < p.items.size(); ++i) {
-    EXPECT_GE(static_cast<std::int64_t>(p.items[i - 1].num_tokens) * (p.items[i - 1].kv_end - p.items[i - 1].kv_begin),
-              static_cast<std::int64_t>(p.items[i].num_tokens) * (p.items[i].kv_end - p.items[i].kv_begin));
+    EXPECT_GE(item_cost(p.items[i - 1], 4, true), item_cost(p.items[i], 4, true));
   }
   expect_exact_cover(p, b);
+}
+
+// A causal prefill's late tiles see more keys than its early ones and go
+// first; a decode over 4096 keys outweighs a prefill tile over a few hundred.
+TEST(FlashPlannerTest, CausalCostOrdersTheWorkList) {
+  WorkItem early;
+  early.num_tokens = 32;
+  early.position_begin = 0;
+  early.kv_end = 4096;
+  WorkItem late = early;
+  late.position_begin = 4064;
+  WorkItem decode;
+  decode.num_tokens = 1;
+  decode.position_begin = 4095;
+  decode.kv_end = 4096;
+  EXPECT_EQ(item_cost(early, 4, true), 32 * (32 * 4 + kKeyReadRows));
+  EXPECT_EQ(item_cost(late, 4, true), 4096 * (32 * 4 + kKeyReadRows));
+  EXPECT_EQ(item_cost(early, 4, false), item_cost(late, 4, false));
+  EXPECT_GT(item_cost(decode, 4, true), item_cost(early, 4, true));
+  const WorkList p = plan(Batch().add(4096, 4096));
+  ASSERT_FALSE(p.items.empty());
+  EXPECT_EQ(p.items.front().position_begin + p.items.front().num_tokens, 4096);
+  EXPECT_EQ(p.items.back().position_begin, 0);
 }
 
 TEST(FlashPlannerTest, PrefillItemsHoldKPrefillRowsPackedRows) {
