@@ -13,6 +13,7 @@ namespace pagedattn {
 namespace {
 
 constexpr std::string_view kSplitWhere = "split_cascade";
+constexpr std::string_view kForwardWhere = "Attention.forward";
 
 }  // namespace
 
@@ -42,13 +43,22 @@ bool cascade_pays(const CommonAttentionMetadata& common, int prefix_blocks) {
          static_cast<std::int64_t>(prefix_blocks) * common.block_size >= kCascadeMinPrefixTokens;
 }
 
-CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blocks, int max_queries) {
-  common.validate(kSplitWhere);
-  check_arg(!common.has_mm_prefix_ranges(), kSplitWhere, "metadata mm_prefix_ranges",
+void check_cascade_step(std::string_view where, const CommonAttentionMetadata& common, int prefix_blocks) {
+  common.validate(where);
+  check_arg(!common.has_mm_prefix_ranges(), where, "metadata mm_prefix_ranges",
             "none (a cascade's passes do not carry PrefixLM ranges)", "set");
   const int shared = common_prefix_blocks(common);
-  check_arg(prefix_blocks >= 1 && prefix_blocks <= shared, kSplitWhere, "prefix_blocks",
+  check_arg(prefix_blocks >= 1 && prefix_blocks <= shared, where, "prefix_blocks",
             fmt::format("in [1, the shared prefix's {} blocks]", shared), prefix_blocks);
+}
+
+void check_cascade_layer(std::string_view where, const AttentionImplParams& params) {
+  check_arg(cascade_applies(params), where, "metadata",
+            "a plain plan (a cascade needs no window, ALiBi, sinks, chunking or PrefixLM)", "a cascade plan");
+}
+
+CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blocks, int max_queries) {
+  check_cascade_step(kSplitWhere, common, prefix_blocks);
   const int prefix_len = prefix_blocks * common.block_size;
   const int tokens = common.num_actual_tokens;
   check_arg(max_queries >= 0, kSplitWhere, "max_queries", ">= 0", max_queries);
@@ -89,8 +99,9 @@ CascadeSplit split_cascade(const CommonAttentionMetadata& common, int prefix_blo
   return split;
 }
 
-CascadeBuilder::CascadeBuilder(const AttentionBackend& backend, BuilderParams params, DType dtype, bool allow)
-    : backend_(backend), params_(std::move(params)), dtype_(dtype), allow_(allow) {
+CascadeBuilder::CascadeBuilder(const AttentionBackend& backend, BuilderParams params, DType dtype, bool allow,
+                               CascadeMode mode)
+    : backend_(backend), params_(std::move(params)), dtype_(dtype), allow_(allow), mode_(mode) {
   plain_ = backend_.make_builder(params_);
   check_arg(plain_ != nullptr, "CascadeBuilder", fmt::format("backend {} builder", backend_.name()), "a builder",
             "null");
@@ -102,6 +113,12 @@ std::shared_ptr<const BackendMetadata> CascadeBuilder::build(const CommonAttenti
   last_used_cascade_ = false;
   const int blocks = allow_ && backend_.supports_cascade() ? common_prefix_blocks(common) : 0;
   if (blocks == 0 || !cascade_pays(common, blocks)) return plain_->build(common);
+  if (mode_ == CascadeMode::Native) {
+    if (std::shared_ptr<const BackendMetadata> native = plain_->build_cascade(common, blocks)) {
+      last_used_cascade_ = true;
+      return native;
+    }
+  }
   auto md = std::make_shared<CascadeMetadata>();
   adopt_step("CascadeBuilder::build", common, *md);
   const CascadeSplit split = split_cascade(md->common, blocks, backend_.cascade_prefix_queries());
@@ -137,16 +154,10 @@ struct Parts {
   TensorView prefix_out, suffix_out, prefix_lse, suffix_lse;
 };
 Parts parts_for(const CascadeMetadata& md, std::int64_t heads) {
-  check_arg(heads <= md.prefix_out.size(1), "Attention.forward", "num_heads",
+  check_arg(heads <= md.prefix_out.size(1), kForwardWhere, "num_heads",
             fmt::format("<= the cascade plan's {} (its builder's num_heads)", md.prefix_out.size(1)), heads);
   return {md.prefix_out.slice(1, 0, heads), md.suffix_out.slice(1, 0, heads), md.prefix_lse.slice(0, 0, heads),
           md.suffix_lse.slice(0, 0, heads)};
-}
-
-// A cascade for a layer it cannot be right for is refused, not run.
-void check_cascade_layer(const AttentionImpl& impl) {
-  check_arg(cascade_applies(impl.params()), "Attention.forward", "metadata",
-            "a plain plan (a cascade needs no window, ALiBi, sinks, chunking or PrefixLM)", "a cascade plan");
 }
 
 }  // namespace
@@ -159,13 +170,13 @@ void check_planned_forward(const AttentionImpl& impl, const LayerQuantState& lay
     impl.check_forward(layer, query, key, value, kv_cache, metadata, output, lse);
     return;
   }
-  check_cascade_layer(impl);
+  check_cascade_layer(kForwardWhere, impl.params());
   const Parts p = parts_for(*cascade, impl.params().num_heads);
   impl.check_forward(layer, query, key, value, kv_cache, *cascade->prefix, p.prefix_out, p.prefix_lse);
   impl.check_forward(layer, query, key, value, kv_cache, *cascade->suffix, p.suffix_out, p.suffix_lse);
   // The merge's own checks, on the output rows the step writes.
-  check_rank(output, "Attention.forward", "output", 3);
-  check_arg(output.size(0) >= cascade->common.num_actual_tokens, "Attention.forward", "output.size(0)",
+  check_rank(output, kForwardWhere, "output", 3);
+  check_arg(output.size(0) >= cascade->common.num_actual_tokens, kForwardWhere, "output.size(0)",
             fmt::format(">= num_actual_tokens ({})", cascade->common.num_actual_tokens), output.size(0));
 }
 
@@ -177,7 +188,7 @@ void planned_forward(AttentionImpl& impl, const LayerQuantState& layer, const Te
     impl.forward(layer, query, key, value, kv_cache, metadata, output, lse);
     return;
   }
-  check_cascade_layer(impl);
+  check_cascade_layer(kForwardWhere, impl.params());
   const Parts p = parts_for(*cascade, impl.params().num_heads);
   impl.forward(layer, query, key, value, kv_cache, *cascade->prefix, p.prefix_out, p.prefix_lse);
   impl.forward(layer, query, key, value, kv_cache, *cascade->suffix, p.suffix_out, p.suffix_lse);

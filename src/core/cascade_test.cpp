@@ -1,11 +1,15 @@
 // Cascade attention: the shared prefix found in the block tables, the step's
-// two parts, and cascade results against the plain plan's on the CPU
-// backends (the same values up to the partial outputs' rounding).
+// two parts, a backend's own cascade plans, and cascade results against the
+// plain plan's on the CPU backends (the same values up to the partial
+// outputs' rounding).
+#include <pagedattn/backend/registry.h>
 #include <pagedattn/batch_attention.h>
 #include <pagedattn/cascade.h>
 
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "testing/expect_error.h"
@@ -112,6 +116,79 @@ TEST_P(CascadeResultTest, MatchesThePlainPlan) {
 INSTANTIATE_TEST_SUITE_P(Backends, CascadeResultTest,
                          ::testing::Combine(::testing::Values("REFERENCE", "CPU_ATTN"),
                                             ::testing::Values(DType::F32, DType::BF16)));
+
+// A backend with cascade plans of its own: REFERENCE's impl and plans; its
+// builder's build_cascade records the prefix it was asked for and gives the
+// step's plain plan when `native`, else none.
+class NativeCascadeBuilder final : public AttentionMetadataBuilder {
+ public:
+  NativeCascadeBuilder(std::unique_ptr<AttentionMetadataBuilder> inner, bool native, int* asked)
+      : inner_(std::move(inner)), native_(native), asked_(asked) {}
+  std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) override {
+    return inner_->build(common);
+  }
+  std::shared_ptr<const BackendMetadata> build_cascade(const CommonAttentionMetadata& common,
+                                                       int prefix_blocks) override {
+    *asked_ = prefix_blocks;
+    return native_ ? inner_->build(common) : nullptr;
+  }
+
+ private:
+  std::unique_ptr<AttentionMetadataBuilder> inner_;
+  bool native_;
+  int* asked_;
+};
+
+class NativeCascadeBackend final : public AttentionBackend {
+ public:
+  explicit NativeCascadeBackend(bool native)
+      : reference_(*BackendRegistry::instance().find("REFERENCE")), native_(native) {}
+  std::string_view name() const override { return "NATIVE_CASCADE"; }
+  DeviceType device_type() const override { return DeviceType::CPU; }
+  std::string_view description() const override { return "test backend"; }
+  bool supports_non_causal() const override { return true; }
+  bool can_return_lse() const override { return true; }
+  ProblemSupport problem_support(const AttentionProblem& problem) const override {
+    return reference_.problem_support(problem);
+  }
+  std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override {
+    return reference_.make_impl(params);
+  }
+  std::unique_ptr<AttentionMetadataBuilder> make_builder(const BuilderParams& params) const override {
+    return std::make_unique<NativeCascadeBuilder>(reference_.make_builder(params), native_, &asked);
+  }
+
+  mutable int asked = 0;
+
+ private:
+  const AttentionBackend& reference_;
+  bool native_;
+};
+
+// CascadeBuilder takes the backend's own cascade plan in Native mode where it
+// gives one, and plans the generic passes otherwise.
+TEST(CascadeTest, TheBackendsOwnCascadePlanIsTakenUnlessGeneric) {
+  std::vector<RequestSpec> requests;
+  for (int r = 0; r < kRequests; ++r) {
+    RequestSpec spec{1, kPrefixBlocks * kBlock + 5, {}};
+    for (int b = 0; b < kPrefixBlocks; ++b) spec.blocks.push_back(b);
+    spec.blocks.push_back(kPrefixBlocks + r);
+    requests.push_back(std::move(spec));
+  }
+  const CommonAttentionMetadata common = make_common_metadata(requests, {.block_size = kBlock});
+  for (const CascadeMode mode : {CascadeMode::Native, CascadeMode::Generic}) {
+    for (const bool native : {true, false}) {
+      const NativeCascadeBackend backend(native);
+      CascadeBuilder builder(backend, {kBlock, kKvHeads, kHeadSize, Device::cpu(), {}, kHeads}, DType::F32, true,
+                             mode);
+      const std::shared_ptr<const BackendMetadata> md = builder.build(common);
+      EXPECT_TRUE(builder.last_used_cascade());
+      const bool own = mode == CascadeMode::Native && native;
+      EXPECT_EQ(dynamic_cast<const CascadeMetadata*>(md.get()) == nullptr, own);
+      EXPECT_EQ(backend.asked, mode == CascadeMode::Native ? kPrefixBlocks : 0);
+    }
+  }
+}
 
 TEST(CascadeTest, LayersWithAWindowOrSinksNeverPlanACascade) {
   AttentionImplParams params;

@@ -89,6 +89,14 @@ class AttentionMetadataBuilder {
   virtual ~AttentionMetadataBuilder() = default;
   // Validates `common` and produces this backend's metadata for the step.
   virtual std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& common) = 0;
+  // The step as a cascade over its first `prefix_blocks` shared blocks
+  // (cascade.h) in one plan of this backend's, which its impl's forward runs
+  // whole (both passes and their merge), or null where the backend has none
+  // for the step: CascadeBuilder then plans the generic passes and merge.
+  virtual std::shared_ptr<const BackendMetadata> build_cascade(const CommonAttentionMetadata& /*common*/,
+                                                               int /*prefix_blocks*/) {
+    return nullptr;
+  }
 };
 
 class AttentionImpl {

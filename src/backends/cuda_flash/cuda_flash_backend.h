@@ -40,7 +40,8 @@ class CudaFlashBackend : public AttentionBackend {
   bool supports_soft_cap() const override { return true; }
   bool supports_alibi() const override { return true; }
   bool can_return_lse() const override { return true; }
-  // The decode kernel's query count: the cascade's prefix pass runs as split decodes.
+  // The decode kernel's query count: the generic cascade's prefix pass runs as
+  // split decodes (CUDA_FLASH's own cascade plans size their prefix items themselves).
   int cascade_prefix_queries() const override;
   bool is_deterministic() const override { return true; }
 

@@ -1,7 +1,9 @@
-// The metadata builder: plans the step on the host once and uploads the plan
+// The metadata builder: plans the step (plain, or as one cascade plan) on the
+// host once and uploads the plan
 // (header, work list, combine list, PrefixLM ranges, block table) with one
 // async copy into a persistent device workspace, so forward only launches.
 #include <cuda_runtime_api.h>
+#include <pagedattn/cascade.h>
 #include <pagedattn/error.h>
 
 #include <algorithm>
@@ -70,8 +72,10 @@ WorkspaceEntries grown_to(const WorkspaceEntries& have, const WorkspaceEntries& 
 }
 
 // The first workspace already holds a large step, so that graphs captured
-// early stay valid while later steps grow (a regrown workspace moves).
-constexpr WorkspaceEntries kInitialCapacity{4096, 1024, 1025, 512, std::size_t{1} << 16, 512};
+// early stay valid while later steps grow (a regrown workspace moves); its
+// 1024 partial token-rows hold a cascade plan of 64 decodes over a long
+// prefix (576 rows).
+constexpr WorkspaceEntries kInitialCapacity{4096, 1024, 1025, 512, std::size_t{1} << 16, 1024};
 
 class FlashBuilder final : public AttentionMetadataBuilder {
  public:
@@ -85,6 +89,23 @@ class FlashBuilder final : public AttentionMetadataBuilder {
   }
 
   std::shared_ptr<const BackendMetadata> build(const CommonAttentionMetadata& step) override {
+    return plan(step, 0);
+  }
+
+  // One cascade plan (make_cascade_work_list) for steps of up to
+  // kCascadeMaxTokens tokens; a batch-invariant builder plans none (a cascade
+  // depends on which requests share a prefix).
+  std::shared_ptr<const BackendMetadata> build_cascade(const CommonAttentionMetadata& step,
+                                                       int prefix_blocks) override {
+    check_cascade_step(kWhere, step, prefix_blocks);
+    if (params_.batch_invariant || step.num_actual_tokens > kCascadeMaxTokens) return nullptr;
+    return plan(step, prefix_blocks);
+  }
+
+ private:
+  // The step's plan, a cascade over its first prefix_blocks blocks when > 0,
+  // uploaded.
+  std::shared_ptr<const BackendMetadata> plan(const CommonAttentionMetadata& step, int prefix_blocks) {
     auto metadata = std::make_shared<FlashMetadata>();
     adopt_step(kWhere, step, *metadata);
     const CommonAttentionMetadata& common = metadata->common;
@@ -95,9 +116,10 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     }
     cuda::DeviceGuard guard(params_.device.index);
     const int group = params_.num_heads > 0 ? params_.num_heads / params_.num_kv_heads : 1;
-    const WorkList plan =
-        make_work_list({common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_, group,
-                        params_.head_size, params_.batch_invariant, common.causal});
+    const PlanInputs inputs{common.query_start_loc_host(), common.seq_lens_host(), params_.num_kv_heads, num_sms_,
+                            group, params_.head_size, params_.batch_invariant, common.causal};
+    const WorkList plan = prefix_blocks > 0 ? make_cascade_work_list(inputs, prefix_blocks * params_.block_size)
+                                            : make_work_list(inputs);
 
     const TensorView& bt = common.block_table_cpu;
     const std::int64_t bt_rows = bt.defined() ? bt.size(0) : 0;
@@ -172,10 +194,10 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     metadata->sm_version = sm_version_;
     metadata->num_sms = num_sms_;
     metadata->batch_invariant = plan.batch_invariant;
+    metadata->cascade = prefix_blocks > 0;
     return metadata;
   }
 
- private:
   BuilderParams params_;
   int num_sms_ = 0;
   int sm_version_ = 0;

@@ -1,8 +1,9 @@
 #include "flash_impl.h"
 
 #include <cuda_runtime_api.h>
-#include <pagedattn/error.h>
 #include <pagedattn/backend/impl_checks.h>
+#include <pagedattn/cascade.h>
+#include <pagedattn/error.h>
 #include <pagedattn/ops.h>
 
 #include <algorithm>
@@ -87,6 +88,7 @@ FlashImpl::CheckedForward FlashImpl::check(const LayerQuantState& layer, const T
   check_arg(plan != nullptr, kForwardWhere, "metadata", "metadata built by the CUDA_FLASH builder",
             "metadata of another backend");
   check_arg(plan->head_size == p.head_size, kForwardWhere, "metadata head_size", p.head_size, plan->head_size);
+  if (plan->cascade) check_cascade_layer(kForwardWhere, p);
   // The partial-output region holds plan->partial_heads query heads per token.
   if (plan->partial_token_rows > 0 && p.num_heads > plan->partial_heads) {
     throw_invalid(kForwardWhere, "metadata partial heads",

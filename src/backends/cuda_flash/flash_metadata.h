@@ -53,6 +53,7 @@ struct FlashMetadata final : BackendMetadata {
   int sm_version = 0;         // the device's compute capability, major * 10 + minor
   int num_sms = 0;            // the device's multiprocessors (persistent kernels' grid)
   bool batch_invariant = false;  // planned from each request alone (choose_kernel: the mixed kernel)
+  bool cascade = false;  // a cascade plan (make_cascade_work_list): forward refuses layers it does not apply to
 };
 
 std::unique_ptr<AttentionMetadataBuilder> make_flash_builder(const BuilderParams& params);

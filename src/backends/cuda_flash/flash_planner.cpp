@@ -58,82 +58,192 @@ int invariant_num_splits(int kv_len) {
   return std::clamp(ceil_div(std::max(kv_len, 0), kInvariantSplitKeys), 1, kMaxSplits);
 }
 
-WorkList make_work_list(const PlanInputs& in) {
-  WorkList plan;
-  plan.batch_invariant = in.batch_invariant;
-  const auto num_reqs = static_cast<int>(in.seq_lens.size());
-  struct Tile {
-    int req, token_begin, num_tokens, position_begin, kv_len, mode;
-  };
-  std::vector<Tile> tiles;
+namespace {
+
+// A run of one request's query tokens over its keys [kv_begin, kv_end),
+// before splitting.
+struct Tile {
+  int req, token_begin, num_tokens, position_begin, kv_begin, kv_end;
+  TileMode mode;
+  int kv_row_begin;  // dense K/V (encoder): the request's first query row holds its key 0
+  int keys() const { return std::max(kv_end - kv_begin, 0); }
+};
+
+// Each request's query tokens over its keys from keys_begin on: one decode
+// tile for at most kDecodeMaxTokens tokens, prefill tiles of
+// prefill_tokens_per_item(group) tokens otherwise.
+void add_request_tiles(const PlanInputs& in, int keys_begin, std::vector<Tile>& tiles) {
   const int per_item = prefill_tokens_per_item(in.group);
-  for (int r = 0; r < num_reqs; ++r) {
-    const int q_begin = in.query_start_loc[static_cast<std::size_t>(r)];
-    const int q_len = in.query_start_loc[static_cast<std::size_t>(r) + 1] - q_begin;
-    const int seq_len = in.seq_lens[static_cast<std::size_t>(r)];
+  for (std::size_t r = 0; r < in.seq_lens.size(); ++r) {
+    const int q_begin = in.query_start_loc[r];
+    const int q_len = in.query_start_loc[r + 1] - q_begin;
+    const int seq_len = in.seq_lens[r];
     if (q_len <= 0) continue;
     const int context = seq_len - q_len;
+    const int req = static_cast<int>(r);
     if (q_len <= kDecodeMaxTokens) {
-      tiles.push_back({r, q_begin, q_len, context, seq_len, static_cast<int>(TileMode::Decode)});
+      tiles.push_back({req, q_begin, q_len, context, keys_begin, seq_len, TileMode::Decode, q_begin});
       continue;
     }
     for (int t = 0; t < q_len; t += per_item) {
-      const int n = std::min(per_item, q_len - t);
-      tiles.push_back({r, q_begin + t, n, context + t, seq_len, static_cast<int>(TileMode::Prefill)});
+      tiles.push_back({req, q_begin + t, std::min(per_item, q_len - t), context + t, keys_begin, seq_len,
+                       TileMode::Prefill, q_begin});
     }
   }
-  const std::int64_t base_ctas = static_cast<std::int64_t>(tiles.size()) * std::max(in.num_kv_heads, 1);
-  plan.decode_only = std::all_of(tiles.begin(), tiles.end(),
-                                 [](const Tile& t) { return t.mode == static_cast<int>(TileMode::Decode); });
-  plan.prefill_only = !tiles.empty() && std::none_of(tiles.begin(), tiles.end(), [](const Tile& t) {
-    return t.mode == static_cast<int>(TileMode::Decode);
-  });
-  // Splits aim at the occupancy of the kernel the step will run. The planner
-  // knows neither the cache dtype nor the device: prefill-only steps aim at
-  // the mixed kernel's even where the wgmma kernel runs (docs/cuda_flash.md).
-  const bool decode_only_kernel =
-      choose_kernel(head_size_class(in.head_size), false, plan.decode_only, plan.prefill_only, 0) ==
-      KernelKind::DecodeOnly;
-  const int ctas_per_sm = decode_only_kernel ? kDecodeOnlyCtasPerSm : kTargetCtasPerSm;
+}
 
-  for (const Tile& t : tiles) {
-    const int kv_len = std::max(t.kv_len, 0);
-    int splits = choose_num_splits(base_ctas, kv_len, in.num_sms, ctas_per_sm);
-    if (in.batch_invariant) splits = t.mode == static_cast<int>(TileMode::Decode) ? invariant_num_splits(kv_len) : 1;
-    // Tile-aligned chunks; the last split may be shorter.
-    const int chunk = splits > 1 ? ceil_div(ceil_div(kv_len, splits), kBlockN) * kBlockN : kv_len;
-    if (splits > 1) splits = ceil_div(kv_len, chunk);
-    WorkItem w;
-    w.req = t.req;
-    w.token_begin = t.token_begin;
-    w.num_tokens = t.num_tokens;
-    w.position_begin = t.position_begin;
-    w.mode = t.mode;
-    // Dense K/V (encoder) rows of request r start at its first query row.
-    w.kv_row_begin = in.query_start_loc[static_cast<std::size_t>(t.req)];
-    w.num_splits = splits;
-    if (splits == 1) {
-      w.kv_begin = 0;
-      w.kv_end = kv_len;
-      plan.items.push_back(w);
-      continue;
-    }
-    w.partial_index = static_cast<std::int32_t>(plan.partial_token_rows);
-    for (int s = 0; s < splits; ++s) {
-      w.split = s;
-      w.kv_begin = s * chunk;
-      w.kv_end = std::min(kv_len, (s + 1) * chunk);
-      plan.items.push_back(w);
-    }
-    plan.combine.push_back({t.token_begin, t.num_tokens, splits, w.partial_index});
-    plan.partial_token_rows += static_cast<std::int64_t>(splits) * t.num_tokens;
+// Sets the plan's step kind from its tiles and returns the resident CTAs per
+// multiprocessor of the kernel the step will run, which the splits aim at.
+// The planner knows neither the cache dtype nor the device: prefill-only
+// steps aim at the mixed kernel's even where the wgmma kernel runs
+// (docs/cuda_flash.md).
+int set_step_kind(const std::vector<Tile>& tiles, int head_size, WorkList& plan) {
+  const auto is_decode = [](const Tile& t) { return t.mode == TileMode::Decode; };
+  plan.decode_only = std::all_of(tiles.begin(), tiles.end(), is_decode);
+  plan.prefill_only = !tiles.empty() && std::none_of(tiles.begin(), tiles.end(), is_decode);
+  const bool decode_only_kernel =
+      choose_kernel(head_size_class(head_size), false, plan.decode_only, plan.prefill_only, 0) ==
+      KernelKind::DecodeOnly;
+  return decode_only_kernel ? kDecodeOnlyCtasPerSm : kTargetCtasPerSm;
+}
+
+// Appends tile t's items: its keys in about `splits` chunks on the absolute
+// tile grid (whole kBlockN tiles but the first and the last chunk). They
+// write partials when there are several or `always_partial`; the returned
+// split group says where (empty when they write the output).
+PartialGroup add_items(const Tile& t, int splits, bool always_partial, WorkList& plan) {
+  const int kv_end = std::max(t.kv_end, t.kv_begin);
+  const int grid_begin = t.kv_begin - t.kv_begin % kBlockN;
+  const int span = kv_end - grid_begin;
+  int chunk = span;
+  int count = 1;
+  if (splits > 1) {
+    chunk = ceil_div(ceil_div(span, splits), kBlockN) * kBlockN;
+    count = ceil_div(span, chunk);
   }
-  // Heaviest first: the hardware hands out CTAs in index order, and the
-  // persistent kernels stride over the list, so the short items fill the tail.
+  WorkItem w;
+  w.req = t.req;
+  w.token_begin = t.token_begin;
+  w.num_tokens = t.num_tokens;
+  w.position_begin = t.position_begin;
+  w.mode = static_cast<int>(t.mode);
+  w.kv_row_begin = t.kv_row_begin;
+  w.num_splits = count;
+  PartialGroup group;
+  if (always_partial || count > 1) {
+    w.writes_partial = 1;
+    w.partial_index = static_cast<std::int32_t>(plan.partial_token_rows);
+    group = {w.partial_index, count, t.num_tokens};
+    plan.partial_token_rows += static_cast<std::int64_t>(count) * t.num_tokens;
+  }
+  for (int s = 0; s < count; ++s) {
+    w.split = s;
+    w.kv_begin = std::max(t.kv_begin, grid_begin + s * chunk);
+    w.kv_end = std::min(kv_end, grid_begin + (s + 1) * chunk);
+    plan.items.push_back(w);
+  }
+  return group;
+}
+
+// Heaviest first (item_cost): the hardware hands out CTAs in index order,
+// and the persistent kernels stride over the list, so the short items fill
+// the tail.
+void sort_heaviest_first(WorkList& plan, const PlanInputs& in) {
   const int group = std::max(in.group, 1);
   std::stable_sort(plan.items.begin(), plan.items.end(), [&](const WorkItem& a, const WorkItem& b) {
     return item_cost(a, group, in.causal) > item_cost(b, group, in.causal);
   });
+}
+
+// Splits of a cascade plan's tile cut into chunks of `chunk` keys.
+int cascade_splits(const Tile& t, int chunk) { return std::clamp(ceil_div(t.keys(), chunk), 1, kMaxSplits); }
+
+// The key chunk a cascade plan cuts its tiles into (both passes' tiles in one
+// launch, of very different lengths): of the candidates kMinKeysPerSplit
+// 2^k up to the longest tile, the one whose CTAs finish soonest when each
+// costs its tile's largest piece (waves of `slots` CTAs times that piece),
+// the largest of equals (fewer partials to merge). Keys stand for the cost:
+// prefix and decode items run 16-row passes alike.
+int cascade_chunk_keys(const std::vector<Tile>& tiles, int num_kv_heads, std::int64_t slots) {
+  int longest = 0;
+  for (const Tile& t : tiles) longest = std::max(longest, t.keys());
+  int best_chunk = kMinKeysPerSplit;
+  std::int64_t best_cost = -1;
+  for (int chunk = kMinKeysPerSplit;; chunk *= 2) {
+    std::int64_t ctas = 0;
+    int piece = 0;
+    for (const Tile& t : tiles) {
+      const int splits = cascade_splits(t, chunk);
+      ctas += static_cast<std::int64_t>(splits) * num_kv_heads;
+      piece = std::max(piece, ceil_div(t.keys(), splits));
+    }
+    const std::int64_t cost = (ctas + slots - 1) / slots * piece;
+    if (best_cost < 0 || cost <= best_cost) {
+      best_cost = cost;
+      best_chunk = chunk;
+    }
+    if (chunk >= longest) return best_chunk;
+  }
+}
+
+// `group`'s partials of its tokens from `offset` on.
+PartialGroup from_token(PartialGroup group, int offset) {
+  group.first_row += offset;
+  return group;
+}
+
+}  // namespace
+
+WorkList make_work_list(const PlanInputs& in) {
+  WorkList plan;
+  plan.batch_invariant = in.batch_invariant;
+  std::vector<Tile> tiles;
+  add_request_tiles(in, 0, tiles);
+  const int ctas_per_sm = set_step_kind(tiles, in.head_size, plan);
+  const std::int64_t base_ctas = static_cast<std::int64_t>(tiles.size()) * std::max(in.num_kv_heads, 1);
+  for (const Tile& t : tiles) {
+    int splits = choose_num_splits(base_ctas, t.keys(), in.num_sms, ctas_per_sm);
+    if (in.batch_invariant) splits = t.mode == TileMode::Decode ? invariant_num_splits(t.keys()) : 1;
+    const PartialGroup group = add_items(t, splits, false, plan);
+    if (group.num_splits > 0) plan.combine.push_back({t.token_begin, t.num_tokens, {group}});
+  }
+  sort_heaviest_first(plan, in);
+  return plan;
+}
+
+int cascade_prefix_tokens(int group) { return std::max(1, kDecodeRows / std::max(group, 1)); }
+
+WorkList make_cascade_work_list(const PlanInputs& in, int prefix_len) {
+  WorkList plan;
+  std::vector<Tile> tiles;
+  const int tokens = in.query_start_loc.empty() ? 0 : in.query_start_loc.back();
+  const int per_prefix = cascade_prefix_tokens(in.group);
+  std::size_t req = 0;
+  for (int t = 0; t < tokens; t += per_prefix) {
+    while (in.query_start_loc[req + 1] <= t) ++req;
+    tiles.push_back({static_cast<int>(req), t, std::min(per_prefix, tokens - t), prefix_len, 0, prefix_len,
+                     TileMode::Decode, in.query_start_loc[req]});
+  }
+  const std::size_t num_prefix = tiles.size();
+  add_request_tiles(in, prefix_len, tiles);
+  const std::int64_t slots =
+      static_cast<std::int64_t>(std::max(in.num_sms, 1)) * set_step_kind(tiles, in.head_size, plan);
+  const int chunk = cascade_chunk_keys(tiles, std::max(in.num_kv_heads, 1), slots);
+  std::vector<PartialGroup> groups;
+  for (const Tile& t : tiles) groups.push_back(add_items(t, cascade_splits(t, chunk), true, plan));
+  // Suffix tiles lie in token order; each is cut where a prefix item ends.
+  for (std::size_t i = num_prefix; i < tiles.size(); ++i) {
+    const Tile& s = tiles[i];
+    for (int t = s.token_begin; t < s.token_begin + s.num_tokens;) {
+      const int p = t / per_prefix;
+      const int end = std::min(s.token_begin + s.num_tokens, (p + 1) * per_prefix);
+      plan.combine.push_back({t, end - t,
+                              {from_token(groups[static_cast<std::size_t>(p)], t - p * per_prefix),
+                               from_token(groups[i], t - s.token_begin)}});
+      t = end;
+    }
+  }
+  sort_heaviest_first(plan, in);
   return plan;
 }
 

@@ -32,6 +32,11 @@ inline constexpr int kTargetCtasPerSm = 2;
 // (more when kMaxSplits would be exceeded), whatever the batch; prefill items
 // are not split. A multiple of kBlockN.
 inline constexpr int kInvariantSplitKeys = 512;
+// Cascade steps of at most this many query tokens are planned as one cascade
+// plan (make_cascade_work_list). Its f32 partials hold every token at least
+// twice (O of both passes), so longer steps, whose kernels outweigh the
+// launches a cascade plan saves, take the generic passes (cascade.h).
+inline constexpr int kCascadeMaxTokens = 1024;
 
 struct PlanInputs {
   std::span<const std::int32_t> query_start_loc;  // [B + 1]
@@ -58,7 +63,7 @@ int prefill_tokens_per_item(int group);
 
 struct WorkList {
   std::vector<WorkItem> items;       // heaviest first
-  std::vector<CombineItem> combine;  // one per split group
+  std::vector<CombineItem> combine;  // one per split group (cascade: per token run, below)
   std::int64_t partial_token_rows = 0;
   bool decode_only = false;   // every item is a decode item (choose_kernel: the decode-only kernels)
   bool prefill_only = false;  // there are items and every one is a prefill item
@@ -66,6 +71,26 @@ struct WorkList {
 };
 
 WorkList make_work_list(const PlanInputs& in);
+
+// Query tokens per prefix item of a cascade plan: as many as fill one decode
+// pass (kDecodeRows packed rows), at least one, so an item reads the prefix once.
+int cascade_prefix_tokens(int group);
+
+// The step as one cascade plan (cascade.h) over its first prefix_len keys,
+// which every request shares and every query follows:
+//   prefix items  the step's query tokens in runs of cascade_prefix_tokens,
+//                 decode items over keys [0, prefix_len), positioned at
+//                 prefix_len (so the step's causal mask shows them every
+//                 prefix key); request: that of the run's first token (every
+//                 block-table row starts with the prefix's blocks)
+//   suffix items  each request's tokens, tiled as make_work_list does, over
+//                 its keys [prefix_len, seq_len) at their own positions
+// Every item writes partials; both passes' items split at one key chunk, the
+// candidate whose CTAs finish soonest by waves times the largest piece. One
+// combine item per run of tokens that lies in one prefix item and one suffix
+// item merges the two split groups. Never batch-invariant (which requests
+// share a prefix depends on the batch).
+WorkList make_cascade_work_list(const PlanInputs& in, int prefix_len);
 
 // Split count of an item over `kv_len` keys when the batch has `base_ctas`
 // CTAs without splitting, on `num_sms` multiprocessors holding `ctas_per_sm`.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -13,7 +14,7 @@
 namespace pagedattn::cuda_flash {
 namespace {
 
-constexpr int kH200Sms = 132;
+constexpr int kH200Sms = 132;  // and the H100 SXM
 
 struct Batch {
   std::vector<std::int32_t> query_start_loc{0};
@@ -68,7 +69,7 @@ TEST(FlashPlannerTest, FewLongDecodesAreSplitToFillTheMachine) {
   const Batch b = Batch().add(1, 32768, 8);  // 8q1s32k: 64 CTAs unsplit
   const WorkList p = plan(b);
   ASSERT_EQ(p.combine.size(), 8u);
-  const int splits = p.combine.front().num_splits;
+  const int splits = p.combine.front().groups[0].num_splits;
   EXPECT_EQ(splits, choose_num_splits(64, 32768, kH200Sms));
   // One full wave: at most one CTA per slot, and more than half the slots busy.
   const std::int64_t ctas = static_cast<std::int64_t>(p.items.size()) * 8;
@@ -88,11 +89,11 @@ TEST(FlashPlannerTest, DecodeOnlyStepsAimAtTheDecodeOnlyKernelsOccupancy) {
   };
   const WorkList small = with_head(decodes, 128);
   EXPECT_TRUE(small.decode_only);
-  EXPECT_EQ(small.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms, kDecodeOnlyCtasPerSm));
-  EXPECT_GT(small.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms));
+  EXPECT_EQ(small.combine.front().groups[0].num_splits, choose_num_splits(64, 32768, kH200Sms, kDecodeOnlyCtasPerSm));
+  EXPECT_GT(small.combine.front().groups[0].num_splits, choose_num_splits(64, 32768, kH200Sms));
   const WorkList large = with_head(decodes, 256);  // no decode-only kernel for its class
   EXPECT_TRUE(large.decode_only);
-  EXPECT_EQ(large.combine.front().num_splits, choose_num_splits(64, 32768, kH200Sms));
+  EXPECT_EQ(large.combine.front().groups[0].num_splits, choose_num_splits(64, 32768, kH200Sms));
   const WorkList mixed = with_head(Batch().add(1, 32768, 8).add(100, 100), 128);
   EXPECT_FALSE(mixed.decode_only);
   expect_exact_cover(small, decodes);
@@ -236,6 +237,130 @@ TEST(FlashPlannerTest, EmptyRequestsAndShortTails) {
   expect_exact_cover(p, b);
   for (const WorkItem& w : p.items) EXPECT_NE(w.req, 0);
   for (const WorkItem& w : p.items) EXPECT_EQ(w.kv_row_begin, b.query_start_loc[static_cast<std::size_t>(w.req)]);
+}
+
+WorkList cascade_plan(const Batch& b, int prefix_len, int num_sms = kH200Sms) {
+  return make_cascade_work_list({b.query_start_loc, b.seq_lens, 8, num_sms, 4, 128}, prefix_len);
+}
+
+// A cascade plan: every item writes partials, each partial row once; prefix
+// items see keys [0, prefix_len) from prefix_len on, suffix items the rest of
+// their request at its own positions; and the combine list merges, for every
+// token, partials whose keys tile its request's [0, seq_len) exactly once.
+void expect_cascade_cover(const WorkList& p, const Batch& b, int prefix_len) {
+  std::map<std::int64_t, std::pair<std::size_t, int>> writer;  // partial row -> (item, token)
+  for (std::size_t i = 0; i < p.items.size(); ++i) {
+    const WorkItem& w = p.items[i];
+    EXPECT_EQ(w.writes_partial, 1);
+    const auto r = static_cast<std::size_t>(w.req);
+    if (w.kv_begin < prefix_len) {
+      EXPECT_EQ(w.mode, static_cast<int>(TileMode::Decode));
+      EXPECT_LE(w.kv_end, prefix_len);
+      EXPECT_EQ(w.position_begin, prefix_len);
+      EXPECT_GE(w.token_begin, b.query_start_loc[r]);
+      EXPECT_LT(w.token_begin, b.query_start_loc[r + 1]);
+    } else {
+      EXPECT_EQ(w.position_begin, b.seq_lens[r] - (b.query_start_loc[r + 1] - w.token_begin));
+      EXPECT_LE(w.token_begin + w.num_tokens, b.query_start_loc[r + 1]);
+    }
+    if (w.split > 0) {
+      EXPECT_EQ(w.kv_begin % kBlockN, 0);  // chunks after the first start on the tile grid
+    }
+    for (int k = 0; k < w.num_tokens; ++k) {
+      const std::int64_t row = w.partial_index + static_cast<std::int64_t>(w.split) * w.num_tokens + k;
+      EXPECT_TRUE(writer.emplace(row, std::pair{i, w.token_begin + k}).second)
+          << "row " << row << " written twice";
+    }
+  }
+  EXPECT_EQ(static_cast<std::int64_t>(writer.size()), p.partial_token_rows);
+  std::map<int, std::vector<std::pair<int, int>>> merged;  // token -> key ranges of its partials
+  std::set<std::int64_t> read;
+  for (const CombineItem& c : p.combine) {
+    for (int k = 0; k < c.num_tokens; ++k) {
+      for (const PartialGroup& g : c.groups) {
+        for (int s = 0; s < g.num_splits; ++s) {
+          const std::int64_t row = g.first_row + static_cast<std::int64_t>(s) * g.split_stride + k;
+          const auto it = writer.find(row);
+          ASSERT_NE(it, writer.end()) << "row " << row;
+          EXPECT_EQ(it->second.second, c.token_begin + k);
+          EXPECT_TRUE(read.insert(row).second) << "row " << row << " merged twice";
+          const WorkItem& w = p.items[it->second.first];
+          merged[c.token_begin + k].push_back({w.kv_begin, w.kv_end});
+        }
+      }
+    }
+  }
+  EXPECT_EQ(read.size(), writer.size());
+  for (std::size_t r = 0; r + 1 < b.query_start_loc.size(); ++r) {
+    for (int token = b.query_start_loc[r]; token < b.query_start_loc[r + 1]; ++token) {
+      std::vector<std::pair<int, int>>& keys = merged[token];
+      ASSERT_FALSE(keys.empty()) << "token " << token;
+      std::sort(keys.begin(), keys.end());
+      EXPECT_EQ(keys.front().first, 0);
+      for (std::size_t i = 1; i < keys.size(); ++i) EXPECT_EQ(keys[i].first, keys[i - 1].second);
+      EXPECT_EQ(keys.back().second, b.seq_lens[r]);
+    }
+  }
+}
+
+// The issue-32 step: 64 decodes over a 4096-token prefix and 512 keys each.
+// The chunk that finishes soonest is 512 keys: 16 prefix items of 4 tokens
+// (4 query heads per KV head: 16 rows) in 8 splits and the 64 suffix items
+// whole, 1536 CTAs on 3 x 132 slots (3.9 waves of 512 keys).
+TEST(FlashPlannerTest, CascadePlanOfTheBenchmarkStep) {
+  constexpr int kPrefix = 4096;
+  const Batch b = Batch().add(1, kPrefix + 512, 64);
+  const WorkList p = cascade_plan(b, kPrefix);
+  EXPECT_TRUE(p.decode_only);
+  EXPECT_FALSE(p.batch_invariant);
+  EXPECT_EQ(cascade_prefix_tokens(4), 4);
+  int prefix_items = 0;
+  for (const WorkItem& w : p.items) {
+    if (w.kv_begin >= kPrefix) {
+      EXPECT_EQ(w.num_splits, 1);
+      continue;
+    }
+    ++prefix_items;
+    EXPECT_EQ(w.num_tokens, 4);
+    EXPECT_EQ(w.num_splits, 8);
+    EXPECT_EQ(w.kv_end - w.kv_begin, 512);
+  }
+  EXPECT_EQ(prefix_items, 16 * 8);
+  EXPECT_EQ(p.items.size(), 16u * 8 + 64);
+  ASSERT_EQ(p.combine.size(), 64u);
+  EXPECT_EQ(p.partial_token_rows, 64 * 8 + 64);
+  expect_cascade_cover(p, b, kPrefix);
+}
+
+// Few requests: one wave of 256-key chunks.
+TEST(FlashPlannerTest, SmallCascadeStepsSplitToFillOneWave) {
+  const Batch b = Batch().add(1, 4096 + 512, 8);
+  const WorkList p = cascade_plan(b, 4096);
+  for (const WorkItem& w : p.items) EXPECT_LE(w.kv_end - w.kv_begin, kMinKeysPerSplit);
+  EXPECT_LE(static_cast<std::int64_t>(p.items.size()) * 8, kH200Sms * kDecodeOnlyCtasPerSm);
+  expect_cascade_cover(p, b, 4096);
+}
+
+// Speculative steps and prefill chunks in a cascade step: a suffix item of
+// several tokens is merged in runs cut where prefix items end; a prefix not
+// on the 64-key grid; requests without tokens.
+TEST(FlashPlannerTest, CascadePlansOfMixedStepsMergeEveryTokenOnce) {
+  constexpr int kPrefix = 272;  // 17 blocks of 16
+  const Batch b = Batch().add(0, 400).add(1, 900, 5).add(3, 700).add(9, 1000).add(70, 2000).add(1, 300);
+  const WorkList p = cascade_plan(b, kPrefix);
+  EXPECT_FALSE(p.decode_only);
+  EXPECT_FALSE(p.prefill_only);
+  for (const WorkItem& w : p.items) EXPECT_NE(w.req, 0);
+  expect_cascade_cover(p, b, kPrefix);
+  const Batch few = Batch().add(0, 400).add(2, 300).add(70, 400);
+  expect_cascade_cover(cascade_plan(few, kPrefix, 4), few, kPrefix);
+}
+
+TEST(FlashPlannerTest, CascadePrefixItemsFillOneDecodePass) {
+  EXPECT_EQ(cascade_prefix_tokens(1), kDecodeRows);
+  EXPECT_EQ(cascade_prefix_tokens(8), kDecodeRows / 8);
+  EXPECT_EQ(cascade_prefix_tokens(kDecodeRows * 2), 1);
+  EXPECT_EQ(cascade_prefix_tokens(0), kDecodeRows);
 }
 
 TEST(FlashPlannerTest, WorkspaceLayoutIsAlignedAndOrdered) {

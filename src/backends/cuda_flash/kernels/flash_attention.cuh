@@ -7,8 +7,8 @@
 // each K/V tile is read once per group. Prefill items give each warp 16 rows;
 // decode items give all warps the same 16 rows and split every key tile between the warps, whose
 // partial softmax states are merged in shared memory at the end. Items of a
-// split group write normalized partial outputs plus their LSE, merged by
-// combine_kernel.
+// split group, and every item of a cascade plan, write normalized partial
+// outputs plus their LSE, merged by combine_kernel.
 #pragma once
 
 #include <math_constants.h>
@@ -583,7 +583,23 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm :
 // Splits of a group whose partial loads the combine kernel issues at once.
 inline constexpr int kCombineUnroll = 8;
 
-// Merges split groups by LSE (natural log); the sink, if any, joins here once.
+// Calls f(partial token-row) for every partial of token `token_rel` of a
+// combine item, group by group. The split loops are unrolled so that their
+// loads issue together: one load and its use per split made the 32-split
+// merge of a lone decode (1q1s8k) a chain of 64 memory latencies (ncu, caches
+// flushed: 21 us, longer than the attention kernel before it).
+template <typename F>
+__device__ __forceinline__ void for_each_partial(const CombineItem& item, int token_rel, F&& f) {
+#pragma unroll
+  for (int g = 0; g < kMaxCombineGroups; ++g) {
+    const PartialGroup& group = item.groups[g];
+#pragma unroll kCombineUnroll
+    for (int s = 0; s < group.num_splits; ++s) f(group.first_row + s * group.split_stride + token_rel);
+  }
+}
+
+// Merges each combine item's partials by LSE (natural log) into the output
+// (and LSE); the sink, if any, joins here once.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) {
   const PlanHeader header = *p.header;
@@ -598,17 +614,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
       const int ch = u % chunks;
       const int token_rel = r / group;
       const int head = kv_head * group + r % group;
-      const auto prow = [&](int s) {
-        return static_cast<std::int64_t>(item.partial_index + s * item.num_tokens + token_rel) * p.num_heads +
-               head;
-      };
-      // The split loops are unrolled so that their loads issue together: one
-      // load and its use per split made the 32-split merge of a lone decode
-      // (1q1s8k) a chain of 64 memory latencies (ncu, caches flushed: 21 us,
-      // longer than the attention kernel before it).
+      const auto prow = [&](std::int32_t row) { return static_cast<std::int64_t>(row) * p.num_heads + head; };
       float m_keys = -CUDART_INF_F;
-#pragma unroll kCombineUnroll
-      for (int s = 0; s < item.num_splits; ++s) m_keys = fmaxf(m_keys, p.partial_lse[prow(s)]);
+      for_each_partial(item, token_rel, [&](std::int32_t row) { m_keys = fmaxf(m_keys, p.partial_lse[prow(row)]); });
       float acc[8] = {};
       float lse = -CUDART_INF_F;
       if (m_keys != -CUDART_INF_F) {
@@ -618,14 +626,13 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) 
           mm = fmaxf(mm, p.variant.sinks[head]);
           den = expf(p.variant.sinks[head] - mm);
         }
-#pragma unroll kCombineUnroll
-        for (int s = 0; s < item.num_splits; ++s) {
-          const float w = expf(p.partial_lse[prow(s)] - mm);
+        for_each_partial(item, token_rel, [&](std::int32_t row) {
+          const float w = expf(p.partial_lse[prow(row)] - mm);
           den += w;
-          const float* src = p.partial_out + prow(s) * p.head_size + ch * kChunkElems;
+          const float* src = p.partial_out + prow(row) * p.head_size + ch * kChunkElems;
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[e] += w * src[e];
-        }
+        });
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] /= den;
         lse = mm + logf(den);

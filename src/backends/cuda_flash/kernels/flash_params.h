@@ -75,17 +75,32 @@ struct WorkItem {
   std::int32_t kv_end = 0;
   std::int32_t mode = 0;            // TileMode
   std::int32_t split = 0;           // index of this split among num_splits
-  std::int32_t num_splits = 1;      // 1 = write the output directly
+  std::int32_t num_splits = 1;
   std::int32_t partial_index = 0;   // first partial token-row of the split group
   std::int32_t kv_row_begin = 0;    // dense K/V (encoder): row of key 0 of the request
+  // 1: write a normalized partial (O, LSE) at partial token-row
+  // partial_index + split * num_tokens + token for combine_kernel (every split
+  // of a group, and every item of a cascade plan); 0: the output itself.
+  std::int32_t writes_partial = 0;
 };
 
-// One split group to merge: the partial results of `num_splits` items.
+// The partials one split group holds for a run of tokens: split s of token
+// i is partial token-row first_row + s * split_stride + i.
+struct PartialGroup {
+  std::int32_t first_row = 0;
+  std::int32_t num_splits = 0;    // 0: no group
+  std::int32_t split_stride = 0;  // token-rows between splits (the group's items' num_tokens)
+};
+
+// A cascade's tokens merge two groups: the prefix pass's and the suffix pass's.
+inline constexpr int kMaxCombineGroups = 2;
+
+// Output tokens [token_begin, token_begin + num_tokens) to merge from the
+// partials of their groups (one for a split item, two in a cascade plan).
 struct CombineItem {
   std::int32_t token_begin = 0;
   std::int32_t num_tokens = 0;
-  std::int32_t num_splits = 0;
-  std::int32_t partial_index = 0;
+  PartialGroup groups[kMaxCombineGroups] = {};
 };
 
 // Per-step scalars read on the device, so a captured graph replays with the

@@ -423,9 +423,9 @@ __device__ __forceinline__ RowOut row_out(const FlashParams& p, const WorkItem& 
 }
 
 // The factor a row's O accumulator is multiplied by and the row's LSE
-// (natural log), from its running max m (log2 units) and sum l: a split's
-// partial is normalized over its own keys (the merge adds the sink once); a
-// whole row folds in the sink. A row that saw no key gives 0 and -inf.
+// (natural log), from its running max m (log2 units) and sum l: a partial
+// (a split's, a cascade pass's) is normalized over its own keys (the merge
+// adds the sink once); a whole row folds in the sink. A row that saw no key gives 0 and -inf.
 struct RowFinish {
   float f;
   float lse;
@@ -434,7 +434,7 @@ struct RowFinish {
 __device__ __forceinline__ RowFinish finish_row(const FlashParams& p, const WorkItem& item, int head, float m,
                                                 float l, float v_scale) {
   if (m == -CUDART_INF_F) return {0.0f, -CUDART_INF_F};
-  if (item.num_splits > 1) return {v_scale / l, (m + log2f(l)) * kLn2};
+  if (item.writes_partial) return {v_scale / l, (m + log2f(l)) * kLn2};
   float mm = m;
   float den = l;
   if (p.variant.sinks != nullptr) {
@@ -484,7 +484,7 @@ __device__ __forceinline__ void write_pass_output(const FlashParams& p, const Wo
     const RowFinish fin = finish_row(p, item, out.head, m_tot, l_tot, v_scale);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= fin.f;
-    if (item.num_splits > 1) {
+    if (item.writes_partial) {
       float* dst = p.partial_out + out.partial_row * p.head_size + ch * kChunkElems;
 #pragma unroll
       for (int e = 0; e < 8; ++e) dst[e] = acc[e];

@@ -187,7 +187,7 @@ __device__ __forceinline__ void wgmma_store_rows(const FlashParams& p, const Wor
     if (r >= rows) continue;
     const RowOut out = row_out(p, item, kv_head, group, row0 + r);
     const RowFinish fin = finish_row(p, item, out.head, m[i], l[i], 1.0f);
-    if (item.num_splits > 1) {
+    if (item.writes_partial) {
       float* dst = p.partial_out + out.partial_row * p.head_size;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
