@@ -90,6 +90,26 @@ struct LayerQuantState {
   float prob_scale_float = 1.0f;
 };
 
+// A per-token-head cache's scales (kv_cache_scale_shape) are [num_blocks,
+// 2 (K, V), num_kv_heads, block_size] f32, so one KV head's scales of a
+// block's consecutive slots are contiguous; each half (KVCacheView's
+// key_scale and value_scale, reshape_and_cache's k_scale and v_scale) is
+// [num_blocks, num_kv_heads, block_size] with any strides
+// (docs/kv_layouts.md, "Per-token-head scales"). The names below are for
+// messages and the dimensions of a half.
+inline constexpr std::string_view kScaleDims = "[num_blocks, 2, num_kv_heads, block_size]";
+inline constexpr std::string_view kScaleHalfDims = "[num_blocks, num_kv_heads, block_size]";
+inline constexpr int kScaleHalfBlockDim = 0;
+inline constexpr int kScaleHalfHeadDim = 1;
+inline constexpr int kScaleHalfSlotDim = 2;
+
+// Throws InvalidArgument naming `name` unless `scale` is one half of the
+// scales of a per-token-head (kv_cache_dtype) cache whose K or V half is
+// `cache` [NB, BS, Hkv, D]: [NB, Hkv, BS] f32 on `device`, any strides. The
+// message gives the expected and the given shape.
+void check_token_scale_half(std::string_view where, std::string_view name, const TensorView& scale,
+                            const TensorView& cache, CacheDType kv_cache_dtype, Device device);
+
 // The two halves of a layer's KV cache, each logically [num_blocks, block_size,
 // num_kv_heads, head_size] with whatever strides the layout gives (NHD or HND).
 // K may be packed (kv_packing.h): its rows are then located by the strides
@@ -99,8 +119,8 @@ struct KVCacheView {
   TensorView key;    // [NB, BS, Hkv, D]
   TensorView value;  // [NB, BS, Hkv, D]
   KeyPacking key_packing = KeyPacking::None;
-  TensorView key_scale{};    // [NB, BS, Hkv] f32, per-token-head caches only
-  TensorView value_scale{};  // [NB, BS, Hkv] f32, the same strides as key_scale
+  TensorView key_scale{};    // [NB, Hkv, BS] f32, per-token-head caches only
+  TensorView value_scale{};  // [NB, Hkv, BS] f32, the same strides as key_scale
   bool defined() const { return key.defined(); }
   std::int64_t num_blocks() const { return key.size(0); }
   int block_size() const { return static_cast<int>(key.size(1)); }

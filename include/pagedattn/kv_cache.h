@@ -94,11 +94,13 @@ struct KVCacheAllocation {
 };
 
 // The scale region of a per-token-head cache: [num_blocks, 2 (K, V),
-// block_size, num_kv_heads] f32, so one block's scales are contiguous
-// (docs/kv_layouts.md, "Per-token-head scales").
+// num_kv_heads, block_size] f32, so one KV head's scales of a block's
+// consecutive slots are contiguous (kScaleDims; docs/kv_layouts.md,
+// "Per-token-head scales").
 Dims kv_cache_scale_shape(std::int64_t num_blocks, int block_size, int num_kv_heads);
 // Where the scale region starts in a layer's allocation: the K/V bytes
-// rounded up to this.
+// rounded up to this, so the region is 16-byte aligned for CUDA_FLASH's
+// 16-byte scale copies.
 inline constexpr std::size_t kScaleRegionAlign = 256;
 
 // One layer's cache tensors: K/V of the backend's kv_cache_shape in its

@@ -17,7 +17,7 @@ namespace pagedattn {
 //   value_cache   [NB, BS, Hkv, D]     same shape and dtype as key_cache
 //   slot_mapping  [N] i64, N <= T      slot = block * BS + offset; < 0 skips the token
 //   k_scale       [1] or [Hkv] f32     read when kv_cache_dtype is fp8 (per tensor); stored = sat(x / scale)
-//                 [NB, BS, Hkv] f32    written when kv_cache_dtype is int8_per_token_head or
+//                 [NB, Hkv, BS] f32    written when kv_cache_dtype is int8_per_token_head or
 //                                      fp8_per_token_head: one scale per (slot, KV head), any
 //                                      strides (KVCacheView::key_scale; token_head_quant.h)
 //   v_scale       same shape as k_scale

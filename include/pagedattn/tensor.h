@@ -183,6 +183,10 @@ void check_dtype(const TensorView& t, std::string_view where, std::string_view n
 void check_device(const TensorView& t, std::string_view where, std::string_view name, Device expected);
 void check_rank(const TensorView& t, std::string_view where, std::string_view name, int rank);
 void check_size(const TensorView& t, int d, std::string_view where, std::string_view name, std::int64_t expected);
+// `dims` names expected's dimensions ("[num_blocks, num_kv_heads, block_size]")
+// in the message, so a tensor laid out in another order says which one.
+void check_shape(const TensorView& t, std::string_view where, std::string_view name, const Dims& expected,
+                 std::string_view dims);
 void check_last_dim_contiguous(const TensorView& t, std::string_view where, std::string_view name);
 
 }  // namespace pagedattn

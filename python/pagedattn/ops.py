@@ -24,8 +24,9 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     rows are stored as ``x / scale`` (``k_scale``/``v_scale``: ``[1]`` or
     ``[Hkv]`` float32). With ``"int8_per_token_head"`` / ``"fp8_per_token_head"``
     the caches are int8 / float8 (or uint8) tensors and ``k_scale``/``v_scale``
-    are the caches' scales ``[num_blocks, block_size, Hkv]`` float32, written
-    with each row (one scale per token and KV head: ``amax / 127`` or ``/ 448``)."""
+    are the caches' scales ``[num_blocks, Hkv, block_size]`` float32 (any
+    strides), written with each row (one scale per token and KV head:
+    ``amax / 127`` or ``/ 448``)."""
     _pagedattn.reshape_and_cache_flash(view(key), view(value), view(key_cache), view(value_cache),
                                        slot_mapping, kv_cache_dtype, view(k_scale), view(v_scale),
                                        stream_of(key))
@@ -65,7 +66,7 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     vLLM versions pass (``seq_threshold_3D``, ``num_par_softmax_segments``,
     ``softmax_segm_output``/``_max``/``_expsum``), which do not change the
     result, and ``kv_quant_mode`` ``INT8_PER_TOKEN_HEAD`` / ``FP8_PER_TOKEN_HEAD``
-    with ``k_scale_cache``/``v_scale_cache`` ``[num_blocks, block_size, Hkv]``
+    with ``k_scale_cache``/``v_scale_cache`` ``[num_blocks, Hkv, block_size]``
     float32 (int8 or float8/uint8 ``k``/``v``; the descales are then unused);
     anything else there is rejected."""
     where = "unified_attention"

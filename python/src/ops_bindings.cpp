@@ -85,7 +85,7 @@ void register_ops(nb::module_& m) {
         arg("value_cache"), arg("slot_mapping"), arg("kv_cache_dtype"), arg("k_scale").none(),
         arg("v_scale").none(), arg("stream").none() = nb::none(),
         "Stores key/value [T, Hkv, D] into the paged caches [NB, BS, Hkv, D] at slot_mapping [N] i64 (-1 skips); "
-        "per-token-head kv_cache_dtypes write k_scale / v_scale [NB, BS, Hkv] f32.");
+        "per-token-head kv_cache_dtypes write k_scale / v_scale [NB, Hkv, BS] f32.");
   m.def("merge_attn_states", &merge_states, arg("output"), arg("prefix_output"), arg("prefix_lse"),
         arg("suffix_output"), arg("suffix_lse"), arg("output_lse").none() = nb::none(), arg("stream").none() = nb::none(),
         "Merges two partial attention results [T, H, D] by their LSE [H, T].");

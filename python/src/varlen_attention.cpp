@@ -192,17 +192,10 @@ void varlen_attention(VarlenArgs a, std::string_view where) {
   if (kv_cache_uses_per_token_head_scales(a.kv_cache_dtype)) {
     check_arg(paged, where, "kv_quant_mode", "a per-token-head mode with paged k/v (block_table) only",
               kv_quant_mode_name(kv_quant_mode(a.kv_cache_dtype)));
-    constexpr int kScaleRank = 3;  // [NB, BS, Hkv]
-    for (const auto& [scale, name] :
-         {std::pair{&a.k_scale_cache, "k_scale_cache"}, std::pair{&a.v_scale_cache, "v_scale_cache"}}) {
-      check_arg(scale->defined(), where, name,
-                fmt::format("a [{}, {}, {}] f32 tensor for kv_cache_dtype {}", key_cache.size(0),
-                            key_cache.size(1), key_cache.size(2), cache_dtype_name(a.kv_cache_dtype)),
-                "None");
-      check_rank(*scale, where, name, kScaleRank);
-      check_dtype(*scale, where, name, DType::F32);
-      for (int d = 0; d < kScaleRank; ++d) check_size(*scale, d, where, name, key_cache.size(d));
-    }
+    check_token_scale_half(where, "k_scale_cache", a.k_scale_cache, key_cache, a.kv_cache_dtype,
+                           key_cache.device());
+    check_token_scale_half(where, "v_scale_cache", a.v_scale_cache, key_cache, a.kv_cache_dtype,
+                           key_cache.device());
     cache.key_scale = a.k_scale_cache;
     cache.value_scale = a.v_scale_cache;
   } else {

@@ -39,7 +39,7 @@ struct VarlenArgs {
   TensorView v_descale;
   CacheDType kv_cache_dtype = CacheDType::Auto;  // u8 caches are read as its fp8 type
   // Per-token-head caches (int8_per_token_head, fp8_per_token_head; paged
-  // only): vLLM's k_scale_cache / v_scale_cache, [NB, BS, Hkv] f32.
+  // only): k_scale_cache / v_scale_cache, [NB, Hkv, BS] f32.
   TensorView k_scale_cache;
   TensorView v_scale_cache;
   std::string backend;      // empty = the selector's choice

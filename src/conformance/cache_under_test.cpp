@@ -87,10 +87,10 @@ std::optional<std::string> CacheUnderTest::check() const {
   const std::vector<float> got = to_float_vector(scales_);
   for (std::size_t e = 0; e < got.size(); ++e) {
     if (std::bit_cast<std::uint32_t>(got[e]) == std::bit_cast<std::uint32_t>(expected_scales_[e])) continue;
-    const std::size_t h = e % kv_heads_;
-    const std::size_t slot = e / kv_heads_ % block_size_;
-    const std::size_t half = e / kv_heads_ / block_size_ % 2;
-    const std::size_t block = e / kv_heads_ / block_size_ / 2;
+    const std::size_t slot = e % block_size_;
+    const std::size_t h = e / block_size_ % kv_heads_;
+    const std::size_t half = e / block_size_ / kv_heads_ % 2;
+    const std::size_t block = e / block_size_ / kv_heads_ / 2;
     const bool unwritten = std::isnan(expected_scales_[e]);
     return fmt::format("kv_cache scales[block {}, {}, offset {}, head {}]: {} (got {}, want {})", block,
                        half == 0 ? "key" : "value", slot, h,
@@ -108,8 +108,8 @@ void CacheUnderTest::encode(std::vector<std::uint8_t>& image, std::int64_t slot,
     if (scales_.defined()) {
       const std::int64_t block = slot / block_size_;
       const std::int64_t offset = slot % block_size_;
-      expected_scales_[static_cast<std::size_t>(((block * 2 + half) * block_size_ + offset) * kv_heads_ +
-                                                h)] = s;
+      expected_scales_[static_cast<std::size_t>(((block * 2 + half) * kv_heads_ + h) * block_size_ +
+                                                offset)] = s;
     }
     for (int d = 0; d < head_size_; ++d) {
       const std::size_t i = static_cast<std::size_t>(h) * head_size_ + d;

@@ -59,11 +59,11 @@ class CacheUnderTest {
   int kv_heads_;
   int head_size_;
   Tensor storage_;
-  Tensor scales_;  // [NB, 2, BS, Hkv] f32, per-token-head caches only
+  Tensor scales_;  // [NB, 2, Hkv, BS] f32, per-token-head caches only
   KVCacheView view_;
   std::vector<std::uint8_t> expected_key_;
   std::vector<std::uint8_t> expected_value_;
-  std::vector<float> expected_scales_;  // [NB, 2, BS, Hkv]
+  std::vector<float> expected_scales_;  // [NB, 2, Hkv, BS]
 };
 
 }  // namespace pagedattn::conformance

@@ -538,8 +538,8 @@ void Attention::bind_kv_cache(int virtual_engine, const Tensor& kv_cache, const 
   check_device(kv_cache, where, "kv_cache", device_);
   if (kv_cache_uses_per_token_head_scales(kv_cache_dtype_)) {
     check_arg(kv_scales.defined(), where, "kv_scales",
-              fmt::format("a [NB, 2, {}, {}] f32 tensor for kv_cache_dtype {}", block_size_, num_kv_heads_,
-                          cache_dtype_name(kv_cache_dtype_)),
+              fmt::format("a [NB, 2, {}, {}] f32 tensor ({}) for kv_cache_dtype {}", num_kv_heads_,
+                          block_size_, kScaleDims, cache_dtype_name(kv_cache_dtype_)),
               "undefined");
     check_device(kv_scales, where, "kv_scales", device_);
   } else {
@@ -556,10 +556,6 @@ void Attention::bind_kv_cache(int virtual_engine, const Tensor& kv_cache, const 
     check_size(half, 3, where, name, head_size_);
   }
   check_size(view.value, 0, where, "kv_cache value half", view.key.size(0));
-  if (view.key_scale.defined()) {
-    check_size(view.key_scale, 1, where, "kv_scales", block_size_);
-    check_size(view.key_scale, 2, where, "kv_scales", num_kv_heads_);
-  }
   kv_cache_[static_cast<std::size_t>(virtual_engine)] = kv_cache;
   kv_cache_scales_[static_cast<std::size_t>(virtual_engine)] = kv_scales;
   kv_cache_views_[static_cast<std::size_t>(virtual_engine)] = view;

@@ -1,4 +1,5 @@
 #include <pagedattn/backend/backend.h>
+#include <pagedattn/kv_cache.h>
 
 #include "core/strings.h"
 
@@ -12,7 +13,6 @@ namespace {
 // Logical KV cache dimensions: (kv, block, slot, head, dim).
 constexpr int kKvCacheRank = 5;
 constexpr int kNumKvHalves = 2;
-constexpr int kScaleRank = 4;  // (block, kv, slot, head)
 
 }  // namespace
 
@@ -116,6 +116,18 @@ bool kv_cache_uses_per_token_head_scales(CacheDType t) {
   return m == KVQuantMode::Int8PerTokenHead || m == KVQuantMode::Fp8PerTokenHead;
 }
 
+void check_token_scale_half(std::string_view where, std::string_view name, const TensorView& scale,
+                            const TensorView& cache, CacheDType kv_cache_dtype, Device device) {
+  const Dims expected{cache.size(0), cache.size(2), cache.size(1)};  // [NB, Hkv, BS] of [NB, BS, Hkv, D]
+  check_arg(scale.defined(), where, name,
+            fmt::format("a {} f32 tensor ({}) for kv_cache_dtype {}", expected.str(), kScaleHalfDims,
+                        cache_dtype_name(kv_cache_dtype)),
+            "undefined");
+  check_shape(scale, where, name, expected, kScaleHalfDims);
+  check_dtype(scale, where, name, DType::F32);
+  check_device(scale, where, name, device);
+}
+
 DType kv_cache_storage_dtype(CacheDType t, DType model_dtype) {
   switch (t) {
     case CacheDType::Auto:
@@ -178,18 +190,22 @@ KVCacheView AttentionBackend::unbind_kv_cache(const TensorView& kv_cache, const 
   // with their scales, which no packed path does.
   view.key_packing = kv_scales.defined() ? KeyPacking::None : key_packing(view.key);
   if (kv_scales.defined()) {
-    // [NB, 2, BS, Hkv]: the block count and slots of the cache.
-    check_rank(kv_scales, where, "kv_scales", kScaleRank);
+    // The block count, slots and KV heads of the cache.
+    check_shape(kv_scales, where, "kv_scales",
+                kv_cache_scale_shape(view.key.size(0), static_cast<int>(view.key.size(1)),
+                                     static_cast<int>(view.key.size(2))),
+                kScaleDims);
     check_dtype(kv_scales, where, "kv_scales", DType::F32);
     check_device(kv_scales, where, "kv_scales", kv_cache.device());
-    check_size(kv_scales, 0, where, "kv_scales", view.key.size(0));
-    check_size(kv_scales, 1, where, "kv_scales", kNumKvHalves);
-    check_size(kv_scales, 2, where, "kv_scales", view.key.size(1));
-    check_size(kv_scales, 3, where, "kv_scales", view.key.size(2));
     view.key_scale = kv_scales.select(1, 0);
     view.value_scale = kv_scales.select(1, 1);
   }
   return view;
+}
+
+ScaleOperand token_scale_operand(const TensorView& half) {
+  return {static_cast<const float*>(half.data()), half.stride(kScaleHalfBlockDim),
+          half.stride(kScaleHalfSlotDim), half.stride(kScaleHalfHeadDim)};
 }
 
 KVWriteScales kv_write_scales(CacheDType kv_cache_dtype, const LayerQuantState& layer,

@@ -52,17 +52,10 @@ void check_kv_scale(std::string_view where, const TensorView& scale, std::string
   }
 }
 
-void check_token_scales(std::string_view where, const KVCacheView& kv, Device device) {
-  constexpr int kScaleHalfRank = 3;  // [NB, BS, Hkv]
-  for (const auto& [scale, name] :
-       {std::pair{&kv.key_scale, "kv_cache.key_scale"}, std::pair{&kv.value_scale, "kv_cache.value_scale"}}) {
-    check_arg(scale->defined(), where, name, "the [NB, BS, Hkv] f32 scales of a per-token-head cache",
-              "undefined");
-    check_rank(*scale, where, name, kScaleHalfRank);
-    check_dtype(*scale, where, name, DType::F32);
-    check_device(*scale, where, name, device);
-    for (int d = 0; d < kScaleHalfRank; ++d) check_size(*scale, d, where, name, kv.key.size(d));
-  }
+void check_token_scales(std::string_view where, const KVCacheView& kv, CacheDType kv_cache_dtype,
+                        Device device) {
+  check_token_scale_half(where, "kv_cache.key_scale", kv.key_scale, kv.key, kv_cache_dtype, device);
+  check_token_scale_half(where, "kv_cache.value_scale", kv.value_scale, kv.key, kv_cache_dtype, device);
   if (kv.value_scale.strides() != kv.key_scale.strides()) {
     throw_invalid(where, "kv_cache.value_scale strides",
                   fmt::format("kv_cache.key_scale's ({})", kv.key_scale.strides().str()),
@@ -170,7 +163,7 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
       shape.per_head_kv_scales = layer.k_scale.size(0) > 1;
     }
     if (shape.token_head_scales) {
-      check_token_scales(where, kv_cache, device);
+      check_token_scales(where, kv_cache, p.kv_cache_dtype, device);
       check_arg(kv_cache.key_packing == KeyPacking::None, where, "kv_cache.key_packing",
                 "none (per-token-head caches keep K row-major)", key_packing_name(kv_cache.key_packing));
     }

@@ -135,7 +135,7 @@ Dims kv_cache_scale_shape(std::int64_t num_blocks, int block_size, int num_kv_he
   check_arg(num_blocks > 0, where, "num_blocks", "> 0", num_blocks);
   check_arg(block_size > 0, where, "block_size", "> 0", block_size);
   check_arg(num_kv_heads > 0, where, "num_kv_heads", "> 0", num_kv_heads);
-  return Dims{num_blocks, kNumKvHalves, block_size, num_kv_heads};
+  return Dims{num_blocks, kNumKvHalves, num_kv_heads, block_size};
 }
 
 LayerKVCache allocate_layer_kv_cache(const AttentionBackend& backend, std::int64_t num_blocks, int block_size,

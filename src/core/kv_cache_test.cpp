@@ -300,7 +300,7 @@ TEST(KVCacheAllocation, PerTokenHeadScalesShareTheLayersAllocation) {
   const Tensor& cache = layer.kv_cache(0);
   const Tensor& scales = layer.kv_cache_scales(0);
   EXPECT_EQ(cache.dtype(), DType::I8);
-  EXPECT_EQ(scales.shape(), (Dims{kNumBlocks, 2, kBlock, kKVHeads}));
+  EXPECT_EQ(scales.shape(), (Dims{kNumBlocks, 2, kKVHeads, kBlock}));
   EXPECT_EQ(scales.dtype(), DType::F32);
   EXPECT_EQ(scales.storage(), cache.storage());
   // The scales start at the K/V bytes rounded up to kScaleRegionAlign.
@@ -314,8 +314,9 @@ TEST(KVCacheAllocation, PerTokenHeadScalesShareTheLayersAllocation) {
   EXPECT_TRUE(all_zero(scales));
 
   const KVCacheView& kv = layer.kv_cache_view(0);
-  EXPECT_EQ(kv.key_scale.shape(), (Dims{kNumBlocks, kBlock, kKVHeads}));
-  EXPECT_EQ(kv.key_scale.strides(), (Dims{2 * kBlock * kKVHeads, kKVHeads, 1}));
+  // [NB, Hkv, BS]: one KV head's scales of a block are contiguous.
+  EXPECT_EQ(kv.key_scale.shape(), (Dims{kNumBlocks, kKVHeads, kBlock}));
+  EXPECT_EQ(kv.key_scale.strides(), (Dims{2 * kKVHeads * kBlock, kBlock, 1}));
   EXPECT_EQ(kv.value_scale.strides(), kv.key_scale.strides());
   EXPECT_EQ(static_cast<const float*>(kv.value_scale.data()) - static_cast<const float*>(kv.key_scale.data()),
             kBlock * kKVHeads);
@@ -331,14 +332,20 @@ TEST(KVCacheAllocation, BindChecksPerTokenHeadScales) {
   Attention int8(model, kHeads, kHeadSize, 0.5f, int8_layer_options("layers.0.attn", backend));
   Attention plain(model, kHeads, kHeadSize, 0.5f, layer_options("layers.1.attn", backend));
   const Tensor i8_cache = Tensor::zeros({2, kNumBlocks, kBlock, kKVHeads, kHeadSize}, DType::I8);
-  const Tensor scales = Tensor::zeros({kNumBlocks, 2, kBlock, kKVHeads}, DType::F32);
-  expect_invalid([&] { int8.bind_kv_cache(0, i8_cache); },
-                 "kv_scales must be a [NB, 2, 4, 2] f32 tensor for kv_cache_dtype int8_per_token_head, got "
-                 "undefined");
-  const Tensor short_scales = Tensor::zeros({kNumBlocks - 1, 2, kBlock, kKVHeads}, DType::F32);
+  const Tensor scales = Tensor::zeros({kNumBlocks, 2, kKVHeads, kBlock}, DType::F32);
+  expect_invalid(
+      [&] { int8.bind_kv_cache(0, i8_cache); },
+      "kv_scales must be a [NB, 2, 2, 4] f32 tensor ([num_blocks, 2, num_kv_heads, block_size]) for "
+      "kv_cache_dtype int8_per_token_head, got undefined");
+  const Tensor short_scales = Tensor::zeros({kNumBlocks - 1, 2, kKVHeads, kBlock}, DType::F32);
   expect_invalid([&] { int8.bind_kv_cache(0, i8_cache, short_scales); },
-                 "kv_scales size(0) must be 6, got 5");
-  const Tensor i8_scales = Tensor::zeros({kNumBlocks, 2, kBlock, kKVHeads}, DType::I8);
+                 "kv_scales shape must be [6, 2, 2, 4] ([num_blocks, 2, num_kv_heads, block_size]), got "
+                 "[5, 2, 2, 4]");
+  const Tensor slot_major = Tensor::zeros({kNumBlocks, 2, kBlock, kKVHeads}, DType::F32);  // [NB, 2, BS, Hkv]
+  expect_invalid([&] { int8.bind_kv_cache(0, i8_cache, slot_major); },
+                 "unbind_kv_cache: kv_scales shape must be [6, 2, 2, 4] ([num_blocks, 2, num_kv_heads, "
+                 "block_size]), got [6, 2, 4, 2]");
+  const Tensor i8_scales = Tensor::zeros({kNumBlocks, 2, kKVHeads, kBlock}, DType::I8);
   expect_invalid([&] { int8.bind_kv_cache(0, i8_cache, i8_scales); }, "kv_scales dtype must be f32, got i8");
   EXPECT_FALSE(int8.kv_cache(0).defined());
   const Tensor f32_cache = Tensor::zeros({2, kNumBlocks, kBlock, kKVHeads, kHeadSize}, DType::F32);

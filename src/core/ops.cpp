@@ -84,24 +84,6 @@ void check_scale(const TensorView& scale, std::string_view where, std::string_vi
   }
 }
 
-// A per-token-head scale half: [NB, BS, Hkv] f32 like the cache's first
-// three dimensions, any strides.
-void check_token_scale(const TensorView& scale, std::string_view where, std::string_view name,
-                       const TensorView& key_cache, CacheDType kv_cache_dtype) {
-  if (!scale.defined()) {
-    throw_invalid(
-        where, name,
-        fmt::format("a [{}, {}, {}] f32 tensor (the cache's scales) for kv_cache_dtype {}", key_cache.size(0),
-                    key_cache.size(1), key_cache.size(2), cache_dtype_name(kv_cache_dtype)),
-        "undefined");
-  }
-  constexpr int kTokenScaleRank = 3;
-  check_rank(scale, where, name, kTokenScaleRank);
-  check_device(scale, where, name, key_cache.device());
-  check_dtype(scale, where, name, DType::F32);
-  for (int d = 0; d < kTokenScaleRank; ++d) check_size(scale, d, where, name, key_cache.size(d));
-}
-
 void check_scale_values(const TensorView& scale, std::string_view where, std::string_view name) {
   const std::vector<float> values = to_float_vector(scale);
   for (std::size_t i = 0; i < values.size(); ++i) {
@@ -163,8 +145,8 @@ void reshape_and_cache(const TensorView& key, const TensorView& value, const Ten
 
   const KVQuantMode mode = kv_quant_mode(kv_cache_dtype);
   if (kv_cache_uses_per_token_head_scales(kv_cache_dtype)) {
-    check_token_scale(k_scale, where, "k_scale", key_cache, kv_cache_dtype);
-    check_token_scale(v_scale, where, "v_scale", key_cache, kv_cache_dtype);
+    check_token_scale_half(where, "k_scale", k_scale, key_cache, kv_cache_dtype, device);
+    check_token_scale_half(where, "v_scale", v_scale, key_cache, kv_cache_dtype, device);
   } else {
     check_scale(k_scale, where, "k_scale", device, num_kv_heads, quantized, kv_cache_dtype);
     check_scale(v_scale, where, "v_scale", device, num_kv_heads, quantized, kv_cache_dtype);

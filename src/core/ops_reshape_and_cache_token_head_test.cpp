@@ -3,6 +3,7 @@
 // and NaN rows, and the validation of the scale tensors.
 #include <gtest/gtest.h>
 #include <pagedattn/backend/token_head_quant.h>
+#include <pagedattn/kv_cache.h>
 #include <pagedattn/ops.h>
 
 #include <algorithm>
@@ -22,18 +23,20 @@
 namespace pagedattn::test {
 namespace {
 
-// A per-token-head cache: K/V halves and their [NB, BS, Hkv] scales, as one
-// [NB, 2, BS, Hkv] f32 tensor (kv_cache_scale_shape), everything poisoned.
+// A per-token-head cache: K/V halves and their [NB, Hkv, BS] scales, as one
+// [NB, 2, Hkv, BS] f32 tensor (kv_cache_scale_shape), everything poisoned.
 struct TokenHeadCache {
   KvCache kv;
-  Tensor scales;  // [NB, 2, BS, Hkv]
+  Tensor scales;  // [NB, 2, Hkv, BS]
   TensorView k_scale() const { return scales.select(1, 0); }
   TensorView v_scale() const { return scales.select(1, 1); }
 };
 
 TokenHeadCache make_token_head_cache(Layout layout, std::int64_t nb, std::int64_t bs, std::int64_t hkv,
                                      std::int64_t d, DType storage) {
-  TokenHeadCache c{make_cache(layout, nb, bs, hkv, d, storage), Tensor::empty({nb, 2, bs, hkv}, DType::F32)};
+  TokenHeadCache c{
+      make_cache(layout, nb, bs, hkv, d, storage),
+      Tensor::empty(kv_cache_scale_shape(nb, static_cast<int>(bs), static_cast<int>(hkv)), DType::F32)};
   fill_tensor_bits(c.scales, kPoison);
   return c;
 }
@@ -61,7 +64,7 @@ float element(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t 
 }
 
 float scale_at(const TensorView& t, std::int64_t b, std::int64_t s, std::int64_t h) {
-  const std::int64_t index[] = {b, s, h};
+  const std::int64_t index[] = {b, h, s};  // [NB, Hkv, BS]
   return *static_cast<const float*>(t.element_ptr(index));
 }
 
@@ -216,18 +219,25 @@ TEST(OpsReshapeAndCacheTokenHead, RejectsBadScalesAndLeavesTheCacheUnchanged) {
   const std::vector<std::uint8_t> before = to_byte_vector(cache.kv.kv);
   const std::vector<std::uint8_t> scales_before = to_byte_vector(cache.scales);
   const Tensor per_tensor = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
-  const Tensor f16_scales = Tensor::zeros({kNB, kBS, kHkv}, DType::F16);
-  const Tensor short_scales = Tensor::zeros({kNB, kBS - 1, kHkv}, DType::F32);
+  const Tensor f16_scales = Tensor::zeros({kNB, kHkv, kBS}, DType::F16);
+  const Tensor short_scales = Tensor::zeros({kNB, kHkv, kBS - 1}, DType::F32);
+  const Tensor slot_major = Tensor::zeros({kNB, kBS, kHkv}, DType::F32);  // [NB, BS, Hkv]
 
   expect_invalid(
       [&] { reshape_and_cache(key, key, cache.kv.key, cache.kv.value, slots, int8, {}, cache.v_scale()); },
-      "reshape_and_cache: k_scale must be a [2, 4, 2] f32 tensor (the cache's scales) for "
-      "kv_cache_dtype int8_per_token_head, got undefined");
+      "reshape_and_cache: k_scale must be a [2, 2, 4] f32 tensor ([num_blocks, num_kv_heads, block_size]) "
+      "for kv_cache_dtype int8_per_token_head, got undefined");
   expect_invalid(
       [&] {
         reshape_and_cache(key, key, cache.kv.key, cache.kv.value, slots, int8, cache.k_scale(), per_tensor);
       },
-      "v_scale rank must be 3");
+      "v_scale shape must be [2, 2, 4] ([num_blocks, num_kv_heads, block_size]), got [1]");
+  expect_invalid(
+      [&] {
+        reshape_and_cache(key, key, cache.kv.key, cache.kv.value, slots, int8, slot_major, cache.v_scale());
+      },
+      "reshape_and_cache: k_scale shape must be [2, 2, 4] ([num_blocks, num_kv_heads, block_size]), got "
+      "[2, 4, 2]");
   expect_invalid(
       [&] {
         reshape_and_cache(key, key, cache.kv.key, cache.kv.value, slots, int8, f16_scales, cache.v_scale());
@@ -237,7 +247,7 @@ TEST(OpsReshapeAndCacheTokenHead, RejectsBadScalesAndLeavesTheCacheUnchanged) {
       [&] {
         reshape_and_cache(key, key, cache.kv.key, cache.kv.value, slots, int8, cache.k_scale(), short_scales);
       },
-      "v_scale size(1) must be 4, got 3");
+      "v_scale shape must be [2, 2, 4] ([num_blocks, num_kv_heads, block_size]), got [2, 2, 3]");
   // The cache elements must be the dtype's storage.
   TokenHeadCache fp8 = make_token_head_cache(Layout::NHD, kNB, kBS, kHkv, kD, DType::FP8_E4M3);
   expect_invalid(

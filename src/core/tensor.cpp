@@ -688,6 +688,14 @@ void check_size(const TensorView& t, int d, std::string_view where, std::string_
   }
 }
 
+void check_shape(const TensorView& t, std::string_view where, std::string_view name, const Dims& expected,
+                 std::string_view dims) {
+  if (t.shape() != expected) {
+    throw_invalid(where, fmt::format("{} shape", name), fmt::format("{} ({})", expected.str(), dims),
+                  t.defined() ? t.shape().str() : std::string("undefined"));
+  }
+}
+
 void check_last_dim_contiguous(const TensorView& t, std::string_view where, std::string_view name) {
   // The stride of a dimension of size <= 1 is never used to address memory.
   if (t.size(-1) > 1 && t.stride(-1) != 1) {

@@ -51,15 +51,15 @@ class CudaOps final : public OpsImpl {
       p.k_scale_stride = scale_stride(k_scale);
       p.v_scale_stride = scale_stride(v_scale);
     } else if (mode != KVQuantMode::None) {
-      // [NB, BS, Hkv] scales, written.
+      // [NB, Hkv, BS] scales, written.
       p.k_token_scale = static_cast<float*>(k_scale.data());
       p.v_token_scale = static_cast<float*>(v_scale.data());
-      p.ks_block = k_scale.stride(0);
-      p.ks_slot = k_scale.stride(1);
-      p.ks_head = k_scale.stride(2);
-      p.vs_block = v_scale.stride(0);
-      p.vs_slot = v_scale.stride(1);
-      p.vs_head = v_scale.stride(2);
+      p.ks_block = k_scale.stride(kScaleHalfBlockDim);
+      p.ks_slot = k_scale.stride(kScaleHalfSlotDim);
+      p.ks_head = k_scale.stride(kScaleHalfHeadDim);
+      p.vs_block = v_scale.stride(kScaleHalfBlockDim);
+      p.vs_slot = v_scale.stride(kScaleHalfSlotDim);
+      p.vs_head = v_scale.stride(kScaleHalfHeadDim);
     }
     p.num_tokens = slot_mapping.size(0);
     p.num_kv_heads = key.size(1);

@@ -75,10 +75,10 @@ TEST_P(CudaReshapeAndCacheTest, MatchesCpuBitForBit) {
                                         {scales}, DType::F32);
   const Tensor vs = Tensor::from_floats(std::vector<float>(static_cast<std::size_t>(scales), 0.25f), {scales}, DType::F32);
   const bool quantized = is_quantized_kv_cache(c.cache);
-  // Per-token-head caches write their scales, [NB, BS, Hkv] f32, instead.
+  // Per-token-head caches write their scales, [NB, Hkv, BS] f32, instead.
   const bool token_head = kv_cache_uses_per_token_head_scales(c.cache);
-  Tensor k_token = Tensor::empty({kBlocks, kBS, kHkv}, DType::F32);
-  Tensor v_token = Tensor::empty({kBlocks, kBS, kHkv}, DType::F32);
+  Tensor k_token = Tensor::empty({kBlocks, kHkv, kBS}, DType::F32);
+  Tensor v_token = Tensor::empty({kBlocks, kHkv, kBS}, DType::F32);
   fill_tensor_bits(k_token, kPoison);
   fill_tensor_bits(v_token, kPoison);
   const Tensor dk_token = k_token.to(Device::cuda());

@@ -142,8 +142,8 @@ struct CacheOperand {
 };
 
 // The per-token-head scales of one cache half (token_head_quant.h),
-// logically [num_blocks, block_size, Hkv] f32: the scale of (block, slot,
-// head) is data[block * block_stride + slot * slot_stride + head * head_stride].
+// [num_blocks, Hkv, block_size] f32: the scale of (block, slot, head) is
+// data[block * block_stride + slot * slot_stride + head * head_stride].
 // data is null for caches without them.
 struct ScaleOperand {
   const float* data = nullptr;

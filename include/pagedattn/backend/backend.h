@@ -255,6 +255,10 @@ void check_key_packing(std::string_view where, const TensorView& key_cache, KeyP
 // "none", "keys16".
 std::string_view key_packing_name(KeyPacking packing);
 
+// A per-token-head scale half (KVCacheView::key_scale, [NB, Hkv, BS] f32) as
+// the kernels address it.
+ScaleOperand token_scale_operand(const TensorView& half);
+
 // The k_scale / v_scale a layer's cache write passes to reshape_and_cache:
 // the cache's own per-token-head scales (written), else the layer's
 // per-tensor or per-KV-head ones (read).

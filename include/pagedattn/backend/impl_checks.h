@@ -22,9 +22,10 @@ void check_cache_half(std::string_view where, const TensorView& t, std::string_v
 // A per-tensor ([1]) or per-KV-head ([Hkv]) f32 fp8 dequantization scale.
 void check_kv_scale(std::string_view where, const TensorView& scale, std::string_view name, Device device,
                     int num_kv_heads);
-// A per-token-head cache's scales: key_scale and value_scale [NB, BS, Hkv]
-// f32 on `device`, the cache's blocks and slots, with equal strides.
-void check_token_scales(std::string_view where, const KVCacheView& kv_cache, Device device);
+// A per-token-head cache's scales: key_scale and value_scale [NB, Hkv, BS]
+// f32 on `device`, the cache's blocks, KV heads and slots, with equal strides.
+void check_token_scales(std::string_view where, const KVCacheView& kv_cache, CacheDType kv_cache_dtype,
+                        Device device);
 
 // What check_forward_args learned about the call.
 struct ForwardShape {

@@ -26,10 +26,6 @@ CacheOperand cache_operand(const TensorView& t) {  // [NB, BS, Hkv, D]
   return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-ScaleOperand scale_operand(const TensorView& t) {  // [NB, BS, Hkv] f32
-  return {static_cast<const float*>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
-}
-
 }  // namespace
 
 void apply_cpu_isa_from_env() {
@@ -113,8 +109,8 @@ void CpuAttnImpl::forward(const LayerQuantState& layer, const TensorView& query,
       p.per_head_kv_scales = shape.per_head_kv_scales;
     }
     if (shape.token_head_scales) {
-      p.k_token_scale = scale_operand(kv_cache.key_scale);
-      p.v_token_scale = scale_operand(kv_cache.value_scale);
+      p.k_token_scale = token_scale_operand(kv_cache.key_scale);
+      p.v_token_scale = token_scale_operand(kv_cache.value_scale);
     }
   }
   p.output = output.data();

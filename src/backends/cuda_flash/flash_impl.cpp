@@ -177,12 +177,13 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
       k.kv_scale_stride = layer.k_scale.size(0) == 1 ? 0 : static_cast<int>(layer.k_scale.stride(0));
     }
     if (checked.shape.token_head_scales) {
-      // [NB, BS, Hkv] f32 each; check_forward_args made their strides equal.
-      k.k_token_scale = static_cast<const float*>(kv_cache.key_scale.data());
+      // [NB, Hkv, BS] f32 each; check_forward_args made their strides equal.
+      const ScaleOperand ks = token_scale_operand(kv_cache.key_scale);
+      k.k_token_scale = ks.data;
       k.v_token_scale = static_cast<const float*>(kv_cache.value_scale.data());
-      k.scale_block_stride = kv_cache.key_scale.stride(0);
-      k.scale_slot_stride = kv_cache.key_scale.stride(1);
-      k.scale_head_stride = kv_cache.key_scale.stride(2);
+      k.scale_block_stride = ks.block_stride;
+      k.scale_slot_stride = ks.slot_stride;
+      k.scale_head_stride = ks.head_stride;
     }
   } else {
     k.key = key.data();
@@ -254,7 +255,7 @@ void FlashImpl::do_kv_cache_update(const LayerQuantState& layer, const TensorVie
     check_kv_scale(kUpdateWhere, layer.k_scale, "k_scale", device, p.num_kv_heads);
     check_kv_scale(kUpdateWhere, layer.v_scale, "v_scale", device, p.num_kv_heads);
   } else if (mode != KVQuantMode::None) {
-    check_token_scales(kUpdateWhere, kv_cache, device);
+    check_token_scales(kUpdateWhere, kv_cache, p.kv_cache_dtype, device);
   }
   const KVWriteScales scales = kv_write_scales(p.kv_cache_dtype, layer, kv_cache);
   ops_impl(DeviceType::CUDA)

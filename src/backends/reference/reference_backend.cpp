@@ -32,10 +32,6 @@ CacheOperand cache_operand(const TensorView& t) {
   return {t.data(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-ScaleOperand scale_operand(const TensorView& t) {  // [NB, BS, Hkv] f32
-  return {static_cast<const float*>(t.data()), t.stride(0), t.stride(1), t.stride(2)};
-}
-
 // The step plan: the validated step and the kernel's scratch, sized by the
 // builder for its head size and the step's longest request, so that forward
 // allocates nothing. One forward at a time writes the scratch.
@@ -150,8 +146,8 @@ void ReferenceImpl::forward(const LayerQuantState& layer, const TensorView& quer
       k.num_kv_scales = static_cast<int>(layer.k_scale.size(0));
     }
     if (shape.token_head_scales) {
-      k.k_token_scale = scale_operand(kv_cache.key_scale);
-      k.v_token_scale = scale_operand(kv_cache.value_scale);
+      k.k_token_scale = token_scale_operand(kv_cache.key_scale);
+      k.v_token_scale = token_scale_operand(kv_cache.value_scale);
     }
   } else {
     k.key = rows_operand(key);

@@ -41,7 +41,7 @@ struct ReshapeAndCacheParams {
   DType src_dtype = DType::BF16;
   DType cache_dtype = DType::BF16;
   // Per-token-head caches (token_head_quant.h): each row's scale is written
-  // here ([NB, BS, Hkv] f32) and k_scale / v_scale are unused; null otherwise.
+  // here ([NB, Hkv, BS] f32) and k_scale / v_scale are unused; null otherwise.
   float* k_token_scale = nullptr;
   float* v_token_scale = nullptr;
   std::int64_t ks_block = 0, ks_slot = 0, ks_head = 0;

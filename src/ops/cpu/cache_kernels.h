@@ -66,7 +66,7 @@ struct ReshapeAndCacheParams {
   KeyPacking key_packing = KeyPacking::None;  // K's order within a block (key_cache slot stride == head_size if packed)
   // Per-token-head caches (cache_dtype I8 or FP8_E4M3; token_head_quant.h;
   // K row-major): each row is quantized with its own scale, written here
-  // ([NB, BS, Hkv] f32); k_scale and v_scale are then unused. Null otherwise.
+  // ([NB, Hkv, BS] f32); k_scale and v_scale are then unused. Null otherwise.
   float* k_token_scale = nullptr;
   float* v_token_scale = nullptr;
   CacheStrides k_token_scale_strides;

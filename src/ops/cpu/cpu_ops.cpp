@@ -24,9 +24,13 @@ k::StridedLayout layout_of(const TensorView& t, int first_dim) {
 
 k::RowStrides row_strides(const TensorView& t) { return {t.stride(0), t.stride(1)}; }  // [T, H, D]
 
-k::CacheStrides cache_strides(const TensorView& t) {
+k::CacheStrides cache_strides(const TensorView& t) {  // [NB, BS, Hkv, D]
   return {t.stride(0), t.stride(1), t.stride(2)};
-}  // [NB, BS, Hkv, D], or [NB, BS, Hkv] scales
+}
+
+k::CacheStrides token_scale_strides(const TensorView& t) {  // [NB, Hkv, BS]
+  return {t.stride(kScaleHalfBlockDim), t.stride(kScaleHalfSlotDim), t.stride(kScaleHalfHeadDim)};
+}
 
 k::LseStrides lse_strides(const TensorView& t) { return {t.stride(0), t.stride(1)}; }  // [H, T]
 
@@ -54,8 +58,8 @@ class CpuOps final : public OpsImpl {
     } else if (mode != KVQuantMode::None) {
       p.k_token_scale = k_scale.data_as<float>();
       p.v_token_scale = v_scale.data_as<float>();
-      p.k_token_scale_strides = cache_strides(k_scale);
-      p.v_token_scale_strides = cache_strides(v_scale);
+      p.k_token_scale_strides = token_scale_strides(k_scale);
+      p.v_token_scale_strides = token_scale_strides(v_scale);
     }
     p.num_tokens = slot_mapping.size(0);
     p.num_kv_heads = key.size(1);

@@ -45,7 +45,9 @@ struct Shape {
   // distinct groups of 4 banks.
   static constexpr int kRawStride = kD + 16;
   static constexpr int kRawTileBytes = kBlockN * kRawStride;  // one raw K or V tile
-  // Per-token-head scales of a raw stage: kBlockN K scales, then kBlockN V scales.
+  // Per-token-head scales of a raw stage: kBlockN K scales, then kBlockN V
+  // scales, after the raw tiles; each run's are 16-byte aligned
+  // (copy_token_scales).
   static constexpr int kScaleStageFloats = 2 * kBlockN;
   // 16-row MMA tiles per warp in a prefill pass: two share every K/V fragment
   // loaded from shared memory (half the shared-memory reads per MMA); the
@@ -62,6 +64,9 @@ struct Shape {
   // kKeysPerThread consecutive keys of a tile (run tid / kChunks).
   static constexpr int kKeysPerThread = kBlockN * kChunks / kThreads;
   static_assert(kThreads % kChunks == 0, "a thread's column must not change between its keys");
+  static_assert(kRawStages * 2 * kRawTileBytes % kScaleChunkBytes == 0 &&
+                    kKeysPerThread % kScaleChunkKeys == 0 && kBlockN % kScaleChunkKeys == 0,
+                "per-token-head scale chunks are 16-byte aligned in shared memory");
 };
 
 // Shared memory of a kernel: the query rows of a pass, then the K/V tiles,
@@ -322,10 +327,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     });
     if (token_scaled && my_ch == 0) {
       float* ks_dst = scale_s + (t % S::kRawStages) * S::kScaleStageFloats + my_run * S::kKeysPerThread;
-      walk_token_scales(walker, t, run, kv_head, p, [&](int i, bool valid, std::int64_t offset) {
-        cp_async_4(ks_dst + i, p.k_token_scale + offset, valid);
-        cp_async_4(ks_dst + kBlockN + i, p.v_token_scale + offset, valid);
-      });
+      copy_token_scales(walker, t, run, kv_head, p, ks_dst, ks_dst + kBlockN);
     }
   };
   // 16-bit: starts copying tile t into `buf`. With two stages the run start

@@ -150,7 +150,7 @@ struct FlashParams {
   const float* v_scale = nullptr;
   int kv_scale_stride = 0;         // 0 = per tensor, 1 = per KV head
   // Per-token-head caches (int8, or e4m3 with these set): each key's K and V
-  // scale, [NB, BS, Hkv] f32 on the device, both with the strides below;
+  // scale, [NB, Hkv, BS] f32 on the device, both with the strides below;
   // null otherwise. Scores are multiplied by the key's K scale, V rows by
   // their V scale (in f16) before P V.
   const float* k_token_scale = nullptr;

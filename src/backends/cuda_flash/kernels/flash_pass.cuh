@@ -20,6 +20,8 @@ namespace pagedattn::cuda_flash::detail {
 inline constexpr int kMmaRows = 16;
 inline constexpr int kChunkElems = 8;        // 16-byte chunk of 16-bit elements
 inline constexpr float kRescaleLog2 = 8.0f;  // lazy-rescale threshold, log2 units
+inline constexpr int kScaleChunkBytes = 16;  // one cp.async of per-token-head scales
+inline constexpr int kScaleChunkKeys = kScaleChunkBytes / static_cast<int>(sizeof(float));
 
 struct PassRange {
   int kv_lo;
@@ -192,24 +194,61 @@ struct KvRunWalker {
   }
 };
 
-// Calls f(i, valid, offset) for key i of this thread's run in tile t, where
-// offset is the element offset of the key's per-token-head scale for
-// `kv_head` (FlashParams::k_token_scale; the same for V). The same keys and
-// the same checks as walk (paged caches only: dense K/V has no scales).
-template <int kKeysPerRun, typename F>
-__device__ __forceinline__ void walk_token_scales(const KvRunWalker<kKeysPerRun>& w, int t, RunStart run,
-                                                  int kv_head, const FlashParams& p, F&& f) {
+// Copies this thread's run of per-token-head K and V scales of `kv_head` in
+// tile t to k_dst[i] and v_dst[i] (shared memory, 16-byte aligned), i the
+// key's index in the run: the keys and checks of walk, zeros for every key
+// walk does not read (paged caches only: dense K/V has no scales).
+// A run inside one block starts at a slot that is a multiple of kKeysPerRun;
+// when its scales are consecutive (slot stride 1: the [NB, Hkv, BS] halves
+// of kv_cache_scale_shape) and 16-byte aligned, it moves in 16-byte chunks of
+// kScaleChunkKeys keys, each reading its keys before the range's end and
+// zero-filling the rest. A chunk whose first key lies before the range's
+// start while a later one lies inside, and every other run, copies each key's
+// scale by itself (4 bytes).
+template <int kKeysPerRun>
+__device__ __forceinline__ void copy_token_scales(const KvRunWalker<kKeysPerRun>& w, int t, RunStart run,
+                                                  int kv_head, const FlashParams& p, float* k_dst,
+                                                  float* v_dst) {
+  static_assert(kKeysPerRun % kScaleChunkKeys == 0, "a run is whole 16-byte scale chunks");
   const int j0 = w.first_key(t);
   const std::int64_t head_offset = kv_head * p.scale_head_stride;
+  // Key i of the run from element `offset` of each scale half; invalid keys read nothing.
+  const auto copy_key = [&](int i, bool valid, std::int64_t offset) {
+    cp_async_4(k_dst + i, p.k_token_scale + offset, valid);
+    cp_async_4(v_dst + i, p.v_token_scale + offset, valid);
+  };
   if (w.runs_in_block) {
     const bool run_ok = run.block >= 0 && run.block < p.num_blocks;
     const std::int64_t first =
-        run.block * p.scale_block_stride + run.slot * p.scale_slot_stride + head_offset;
+        run_ok ? run.block * p.scale_block_stride + run.slot * p.scale_slot_stride + head_offset : 0;
+    const float* k_src = p.k_token_scale + first;
+    const float* v_src = p.v_token_scale + first;
+    const auto address = [](const float* a) { return reinterpret_cast<std::uintptr_t>(a); };
+    if (p.scale_slot_stride == 1 && (address(k_src) | address(v_src)) % kScaleChunkBytes == 0) {
+#pragma unroll
+      for (int c = 0; c < kKeysPerRun; c += kScaleChunkKeys) {
+        // The chunk's keys [lead, end) are in the range.
+        const int lead = min(max(w.range.kv_lo - (j0 + c), 0), kScaleChunkKeys);
+        const int end = run_ok ? min(max(w.range.kv_hi - (j0 + c), 0), kScaleChunkKeys) : 0;
+        if (lead == 0 || end <= lead) {
+          const int bytes = lead == 0 ? end * static_cast<int>(sizeof(float)) : 0;
+          cp_async_16_prefix(k_dst + c, k_src + c, bytes);
+          cp_async_16_prefix(v_dst + c, v_src + c, bytes);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kScaleChunkKeys; ++e) {
+            const bool valid = e >= lead && e < end;
+            copy_key(c + e, valid, valid ? first + c + e : 0);
+          }
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kKeysPerRun; ++i) {
       const int j = j0 + i;
       const bool valid = run_ok && j >= w.range.kv_lo && j < w.range.kv_hi;
-      f(i, valid, valid ? first + i * p.scale_slot_stride : 0);
+      copy_key(i, valid, valid ? first + i * p.scale_slot_stride : 0);
     }
     return;
   }
@@ -224,7 +263,7 @@ __device__ __forceinline__ void walk_token_scales(const KvRunWalker<kKeysPerRun>
     }
     const bool valid = id >= 0;
     const std::int64_t slot = j - b * p.block_size;
-    f(i, valid, valid ? id * p.scale_block_stride + slot * p.scale_slot_stride + head_offset : 0);
+    copy_key(i, valid, valid ? id * p.scale_block_stride + slot * p.scale_slot_stride + head_offset : 0);
   }
 }
 

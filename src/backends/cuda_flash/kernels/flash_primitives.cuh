@@ -88,14 +88,20 @@ __device__ __forceinline__ void ldsm_x4_trans(std::uint32_t r[4], const void* p)
                : "r"(smem_addr(p)));
 }
 
-// 16-byte global -> shared copy; when !valid nothing is read and the
-// destination is zero-filled (masked loads: poisoned slots are never touched).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
+// 16-byte global -> shared copy of which only the first src_bytes (0..16)
+// are read; the rest of the destination is zero-filled. Both addresses are
+// 16-byte aligned.
+__device__ __forceinline__ void cp_async_16_prefix(void* dst, const void* src, int src_bytes) {
   // No memory clobber: it would pin every surrounding load in program order;
   // the commit/wait below and __syncthreads() order the shared memory.
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes));
+}
+
+// 16-byte global -> shared copy; when !valid nothing is read and the
+// destination is zero-filled (masked loads: poisoned slots are never touched).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  cp_async_16_prefix(dst, src, valid ? 16 : 0);
 }
 
 // 8-byte variant (fp8 rows, whose 8-element chunks are 8 bytes); through L1.
