@@ -24,12 +24,32 @@ def reshape_and_cache_flash(key, value, key_cache, value_cache, slot_mapping, kv
     rows are stored as ``x / scale`` (``k_scale``/``v_scale``: ``[1]`` or
     ``[Hkv]`` float32). With ``"int8_per_token_head"`` / ``"fp8_per_token_head"``
     the caches are int8 / float8 (or uint8) tensors and ``k_scale``/``v_scale``
-    are the caches' scales ``[num_blocks, Hkv, block_size]`` float32 (any
-    strides), written with each row (one scale per token and KV head:
-    ``amax / 127`` or ``/ 448``)."""
+    are the caches' scales, vLLM's ``[num_blocks, block_size, Hkv]`` float32,
+    written with each row (one scale per token and KV head: ``amax / 127`` or
+    ``/ 448``)."""
+    where = "reshape_and_cache_flash"
+    if kv_cache_dtype in _PER_TOKEN_HEAD_DTYPES:
+        k_scale = _library_scale_layout(where, "k_scale", k_scale, key_cache)
+        v_scale = _library_scale_layout(where, "v_scale", v_scale, key_cache)
     _pagedattn.reshape_and_cache_flash(view(key), view(value), view(key_cache), view(value_cache),
                                        slot_mapping, kv_cache_dtype, view(k_scale), view(v_scale),
                                        stream_of(key))
+
+
+_PER_TOKEN_HEAD_DTYPES = {"int8_per_token_head", "fp8_per_token_head"}
+
+
+def _library_scale_layout(where, name, scale, cache):
+    """vLLM's per-token-head scales ``[num_blocks, block_size, Hkv]`` as the
+    library's ``[num_blocks, Hkv, block_size]`` view (dimensions 1 and 2
+    swapped; the kernels read it by its strides)."""
+    if scale is None:
+        return None
+    expected = tuple(cache.shape[:3])
+    if tuple(scale.shape) != expected:
+        raise ValueError(f"{where}: {name} shape must be {list(expected)} ([num_blocks, block_size, Hkv], "
+                         f"vLLM's layout), got {list(scale.shape)}")
+    return scale.swapaxes(1, 2)
 
 
 def merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None):
@@ -66,18 +86,20 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     vLLM versions pass (``seq_threshold_3D``, ``num_par_softmax_segments``,
     ``softmax_segm_output``/``_max``/``_expsum``), which do not change the
     result, and ``kv_quant_mode`` ``INT8_PER_TOKEN_HEAD`` / ``FP8_PER_TOKEN_HEAD``
-    with ``k_scale_cache``/``v_scale_cache`` ``[num_blocks, Hkv, block_size]``
+    with ``k_scale_cache``/``v_scale_cache`` ``[num_blocks, block_size, Hkv]``
     float32 (int8 or float8/uint8 ``k``/``v``; the descales are then unused);
     anything else there is rejected."""
     where = "unified_attention"
     _require_none(where, q_descale=q_descale, output_scale=output_scale, qq_bias=qq_bias)
     kv_cache_dtype = _check_launch_args(where, triton_launch_args) or kv_cache_dtype_of(k)
     left, right = _window(window_size)
+    k_scales, v_scales = (_library_scale_layout(where, name, triton_launch_args.get(name), k)
+                          for name in ("k_scale_cache", "v_scale_cache"))
     _pagedattn.varlen_attention(
         view(q), view(k), view(v), view(out), None, cu_seqlens_q, None, seqused_k, block_table,
         int(max_seqlen_q), int(max_seqlen_k), softmax_scale, bool(causal), left, right, float(softcap),
-        alibi_slopes, sinks, k_descale, v_descale, kv_cache_dtype, triton_launch_args.get("k_scale_cache"),
-        triton_launch_args.get("v_scale_cache"), backend or "", where, stream_of(q))
+        alibi_slopes, sinks, k_descale, v_descale, kv_cache_dtype, k_scales, v_scales, backend or "", where,
+        stream_of(q))
     return out
 
 

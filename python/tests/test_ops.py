@@ -142,28 +142,27 @@ def test_per_token_head_cache_written_and_read_with_its_scales(mode, qmax, stora
     q, kc, vc, cu_q, kv_lens, table = make_paged(rng, seqs, 8, 2, 32, 16, 4)
     kq = np.zeros(kc.shape, dtype=storage)
     vq = np.zeros(vc.shape, dtype=storage)
-    num_blocks, block_size, hkv = kc.shape[:3]
-    k_scales = np.zeros((num_blocks, hkv, block_size), dtype=np.float32)
+    k_scales = np.zeros(kc.shape[:3], dtype=np.float32)  # [num_blocks, block_size, Hkv], vLLM's layout
     v_scales = np.zeros_like(k_scales)
     slots = np.arange(4 * 16, dtype=np.int64)
     kv_dtype = mode.lower()
-    slot_major = np.zeros(kc.shape[:3], dtype=np.float32)  # [num_blocks, block_size, Hkv]: rejected
-    with pytest.raises(ValueError, match=r"k_scale shape must be \[4, 2, 16\] \(\[num_blocks, num_kv_heads, "
-                                         r"block_size\]\), got \[4, 16, 2\]"):
+    head_major = np.zeros(k_scales.transpose(0, 2, 1).shape, dtype=np.float32)  # the library's own layout
+    with pytest.raises(ValueError, match=r"k_scale shape must be \[4, 16, 2\] \(\[num_blocks, block_size, Hkv\], "
+                                         r"vLLM's layout\), got \[4, 2, 16\]"):
         ops.reshape_and_cache_flash(kc.reshape(-1, 2, 32), vc.reshape(-1, 2, 32), kq, vq, slots, kv_dtype,
-                                    slot_major, v_scales)
+                                    head_major, v_scales)
     ops.reshape_and_cache_flash(kc.reshape(-1, 2, 32), vc.reshape(-1, 2, 32), kq, vq, slots, kv_dtype, k_scales,
                                 v_scales)
     # One scale per (token, KV head): the row's amax maps to qmax.
-    np.testing.assert_allclose(k_scales, np.abs(kc).max(axis=-1).transpose(0, 2, 1) / qmax, rtol=1e-6)
-    k_read = kq.view(read_as).astype(np.float32) * k_scales.transpose(0, 2, 1)[..., None]
-    v_read = vq.view(read_as).astype(np.float32) * v_scales.transpose(0, 2, 1)[..., None]
+    np.testing.assert_allclose(k_scales, np.abs(kc).max(axis=-1) / qmax, rtol=1e-6)
+    k_read = kq.view(read_as).astype(np.float32) * k_scales[..., None]
+    v_read = vq.view(read_as).astype(np.float32) * v_scales[..., None]
     np.testing.assert_allclose(k_read, kc, atol=0.5 * k_scales.max() if storage == np.int8 else 0.1, rtol=0.07)
     out = np.empty_like(q)
-    with pytest.raises(ValueError, match=r"v_scale_cache shape must be \[4, 2, 16\]"):
+    with pytest.raises(ValueError, match=r"v_scale_cache shape must be \[4, 16, 2\]"):
         ops.unified_attention(q, kq, vq, out, cu_q, 3, kv_lens, 30, 0.2, True, (-1, -1), table, 0, None, None,
                               None, backend=backend, kv_quant_mode=KVQuantMode[mode],
-                              k_scale_cache=k_scales, v_scale_cache=slot_major)
+                              k_scale_cache=k_scales, v_scale_cache=head_major)
     ops.unified_attention(q, kq, vq, out, cu_q, 3, kv_lens, 30, 0.2, True, (-1, -1), table, 0, None, None, None,
                           backend=backend, kv_quant_mode=KVQuantMode[mode],
                           k_scale_cache=k_scales, v_scale_cache=v_scales)
