@@ -49,7 +49,8 @@ struct PlanInputs {
   bool causal = true;            // a query sees keys up to its position (the items' costs)
 };
 
-// The order of the work list: an item's cost is the keys its queries see
+// The order of the work list (flash_planner.cpp, sort_heaviest_first): an
+// item's cost is the keys its queries see
 // (causal: up to its last query's position) times the rows that use each key
 // plus kKeyReadRows, the cost of reading a key from memory in rows of math: a
 // decode item reads as many bytes per key as a prefill item for a few rows.

@@ -185,9 +185,14 @@ TEST(FlashPlannerTest, PrefillTilesAndMixedBatches) {
   }
   EXPECT_EQ(prefill, 2048 / (kPrefillRows / 4));
   EXPECT_EQ(decode, 63);
-  // Heaviest first.
+  // Decode items first, then the prefill request's items, heaviest first.
   for (std::size_t i = 1; i < p.items.size(); ++i) {
-    EXPECT_GE(item_cost(p.items[i - 1], 4, true), item_cost(p.items[i], 4, true));
+    const WorkItem& a = p.items[i - 1];
+    const WorkItem& c = p.items[i];
+    if (a.mode == c.mode) {
+      EXPECT_GE(item_cost(a, 4, true), item_cost(c, 4, true));
+    }
+    EXPECT_FALSE(a.mode == static_cast<int>(TileMode::Prefill) && c.mode == static_cast<int>(TileMode::Decode));
   }
   expect_exact_cover(p, b);
 }
@@ -213,6 +218,23 @@ TEST(FlashPlannerTest, CausalCostOrdersTheWorkList) {
   ASSERT_FALSE(p.items.empty());
   EXPECT_EQ(p.items.front().position_begin + p.items.front().num_tokens, 4096);
   EXPECT_EQ(p.items.back().position_begin, 0);
+}
+
+// A request's prefill items stay together (they share keys in L2), requests
+// in batch order, each heaviest first.
+TEST(FlashPlannerTest, PrefillRequestsStayTogether) {
+  const WorkList p = plan(Batch().add(1024, 1024).add(1024, 1024).add(1024, 1024));
+  ASSERT_FALSE(p.items.empty());
+  for (std::size_t i = 1; i < p.items.size(); ++i) {
+    const WorkItem& a = p.items[i - 1];
+    const WorkItem& c = p.items[i];
+    EXPECT_LE(a.req, c.req);
+    if (a.req == c.req) {
+      EXPECT_GE(item_cost(a, 4, true), item_cost(c, 4, true));
+    }
+  }
+  EXPECT_EQ(p.items.front().req, 0);
+  EXPECT_EQ(p.items.back().req, 2);
 }
 
 TEST(FlashPlannerTest, PrefillItemsHoldKPrefillRowsPackedRows) {
