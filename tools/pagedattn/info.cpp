@@ -36,6 +36,9 @@ void add_info_command(CLI::App& app, int& exit_code) {
     const auto rows = support_matrix(backends);
     std::size_t width = 0;
     for (const SupportRow& r : rows) width = std::max(width, r.feature.size());
+    fmt::print("  {:<{}}", "backend", width);
+    for (const AttentionBackend* b : backends) fmt::print("  | {}", b->name());
+    fmt::print("\n");
     for (const SupportRow& r : rows) {
       fmt::print("  {:<{}}", r.feature, width);
       for (const std::string& c : r.cells) fmt::print("  | {}", c);
