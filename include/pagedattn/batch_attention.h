@@ -39,6 +39,9 @@ struct BatchAttentionOptions {
   std::vector<float> alibi_slopes{};      // [num_heads] or empty
   std::vector<float> sinks{};             // [num_heads] sink logits or empty
   std::optional<int> attention_chunk_size{};  // chunked local attention; a multiple of block_size
+  // PrefixLM (vLLM's use_mm_prefix): plan() takes per-step ranges that widen
+  // the causal mask (docs/semantics.md); causal, without attention_chunk_size.
+  bool use_mm_prefix = false;
   std::string backend{};                  // empty or "auto" = the selector's choice
   // Only a backend whose result for a request is the same bits whatever else
   // is in the batch (vLLM's VLLM_BATCH_INVARIANT).
@@ -68,8 +71,18 @@ class BatchAttention {
   //   block_table      [B, stride] i32 row-major, row r holding at least
   //                    ceil(seq_lens[r] / block_size) block ids
   // and the slot mapping of the query tokens (run() writes key/value there).
+  // PrefixLM ranges (use_mm_prefix only; both empty = none this step), in
+  // CSR as set_mm_prefix_ranges takes them:
+  //   mm_prefix_range_start_loc  [B+1] i32, request r's ranges are pairs
+  //                              [start_loc[r], start_loc[r+1]) of
+  //   mm_prefix_ranges           [R * 2] i32 (start, end) half-open pairs,
+  //                              sorted, disjoint, within [0, seq_lens[r]]
+  // They are host data like the rest of the plan: a captured run() replays
+  // any later plan's ranges under the capture rules above.
   void plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
-            std::span<const std::int32_t> block_table, std::int64_t block_table_stride);
+            std::span<const std::int32_t> block_table, std::int64_t block_table_stride,
+            std::span<const std::int32_t> mm_prefix_range_start_loc = {},
+            std::span<const std::int32_t> mm_prefix_ranges = {});
 
   // Writes key/value (when given) at the plan's slots, then attends.
   //   query   [T, H, D]       T >= the plan's tokens (padding rows are not written)

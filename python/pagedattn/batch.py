@@ -15,6 +15,26 @@ def _host_i32(x, name):
     return np.ascontiguousarray(x, dtype=np.int32)
 
 
+def _ranges_csr(mm_prefix_ranges, num_reqs):
+    """Per-request lists of half-open (start, end) pairs as CSR int32 arrays:
+    offsets ``[B+1]`` and the pairs flattened ``[R*2]``."""
+    import numpy as np
+
+    where = "BatchAttention.plan"
+    if len(mm_prefix_ranges) != num_reqs:
+        raise ValueError(f"{where}: mm_prefix_ranges must hold one list of (start, end) pairs per request "
+                         f"({num_reqs}), got {len(mm_prefix_ranges)}")
+    pairs = []
+    for r, ranges in enumerate(mm_prefix_ranges):
+        a = np.asarray(ranges, dtype=np.int32)
+        if a.size and (a.ndim != 2 or a.shape[1] != 2):
+            raise ValueError(f"{where}: mm_prefix_ranges[{r}] must be (start, end) pairs, shape [n, 2], "
+                             f"got shape {list(a.shape)}")
+        pairs.append(a.reshape(-1, 2))
+    start_loc = np.cumsum([0] + [len(p) for p in pairs]).astype(np.int32)
+    return start_loc, np.ascontiguousarray(np.concatenate(pairs).reshape(-1), dtype=np.int32)
+
+
 class BatchAttention:
     """Attention over paged KV caches, planned once per step and run per layer.
 
@@ -26,12 +46,17 @@ class BatchAttention:
     ``max_blocks_per_req`` set, every device array the plan writes stays at
     one address: a ``run`` captured in a CUDA graph replays any later plan
     with the same number of tokens.
+
+    With ``use_mm_prefix`` (PrefixLM, vLLM's ``use_mm_prefix``; causal only),
+    ``plan(..., mm_prefix_ranges=...)`` takes per request a list of half-open
+    ``(start, end)`` position pairs, sorted and disjoint within the sequence:
+    a query inside a range also sees the range's later keys.
     """
 
     def __init__(self, num_heads, head_size, *, num_kv_heads=None, scale=None, dtype="bf16", kv_cache_dtype="auto",
                  block_size=16, device="cpu", causal=True, sliding_window=None, logits_soft_cap=None,
-                 alibi_slopes=None, sinks=None, attention_chunk_size=None, batch_invariant=False, cascade=True, backend=None,
-                 max_num_reqs=0, max_num_tokens=0, max_blocks_per_req=0):
+                 alibi_slopes=None, sinks=None, attention_chunk_size=None, use_mm_prefix=False, batch_invariant=False,
+                 cascade=True, backend=None, max_num_reqs=0, max_num_tokens=0, max_blocks_per_req=0):
         dtype = dtype_arg(dtype)
         self._device = str(device)
         self._impl = _pagedattn.BatchAttention(
@@ -40,7 +65,7 @@ class BatchAttention:
             sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
             alibi_slopes=[float(a) for a in alibi_slopes] if alibi_slopes is not None else [],
             sinks=[float(s) for s in sinks] if sinks is not None else [], attention_chunk_size=attention_chunk_size,
-            batch_invariant=batch_invariant, cascade=cascade, backend=backend or "",
+            use_mm_prefix=use_mm_prefix, batch_invariant=batch_invariant, cascade=cascade, backend=backend or "",
             max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens, max_blocks_per_req=max_blocks_per_req)
 
     @property
@@ -58,15 +83,21 @@ class BatchAttention:
         """Query tokens of the last plan."""
         return self._impl.num_tokens
 
-    def plan(self, query_start_loc, seq_lens, block_table):
-        """Plans a step; not capturable (it runs on the host and uploads)."""
+    def plan(self, query_start_loc, seq_lens, block_table, mm_prefix_ranges=None):
+        """Plans a step; not capturable (it runs on the host and uploads).
+        ``mm_prefix_ranges``: None, or per request a list of half-open
+        ``(start, end)`` pairs (``use_mm_prefix`` wrappers only)."""
+        query_start_loc = _host_i32(query_start_loc, "query_start_loc")
+        range_start_loc, ranges = None, None
+        if mm_prefix_ranges is not None:
+            range_start_loc, ranges = _ranges_csr(mm_prefix_ranges, query_start_loc.size - 1)
         stream = None
         if self._device.startswith("cuda"):
             import torch
 
             stream = torch.cuda.current_stream(self._device).cuda_stream
-        self._impl.plan(_host_i32(query_start_loc, "query_start_loc"), _host_i32(seq_lens, "seq_lens"),
-                        _host_i32(block_table, "block_table"), stream)
+        self._impl.plan(query_start_loc, _host_i32(seq_lens, "seq_lens"), _host_i32(block_table, "block_table"),
+                        range_start_loc, ranges, stream)
 
     def run(self, q, k, v, kv_cache, *, out=None, lse=None, k_scale=None, v_scale=None):
         """q ``[T, H, D]``; k/v ``[T, Hkv, D]`` or None; ``kv_cache`` a

@@ -87,8 +87,12 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     ``softmax_segm_output``/``_max``/``_expsum``), which do not change the
     result, and ``kv_quant_mode`` ``INT8_PER_TOKEN_HEAD`` / ``FP8_PER_TOKEN_HEAD``
     with ``k_scale_cache``/``v_scale_cache`` ``[num_blocks, block_size, Hkv]``
-    float32 (int8 or float8/uint8 ``k``/``v``; the descales are then unused);
-    anything else there is rejected."""
+    float32 (int8 or float8/uint8 ``k``/``v``; the descales are then unused),
+    and ``mm_prefix_range`` (PrefixLM, causal only): ``[B, max_ranges, 2]``
+    int32/int64 inclusive ``(first, last)`` positions per request, padded with
+    ``(0, 0)`` (pairs with ``first >= last`` are skipped), as a tensor on the
+    CPU or the device (read on the host) or a NumPy array; a query inside a
+    range also sees the range's later keys. Anything else there is rejected."""
     where = "unified_attention"
     _require_none(where, q_descale=q_descale, output_scale=output_scale, qq_bias=qq_bias)
     kv_cache_dtype = _check_launch_args(where, triton_launch_args) or kv_cache_dtype_of(k)
@@ -98,15 +102,16 @@ def unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_s
     _pagedattn.varlen_attention(
         view(q), view(k), view(v), view(out), None, cu_seqlens_q, None, seqused_k, block_table,
         int(max_seqlen_q), int(max_seqlen_k), softmax_scale, bool(causal), left, right, float(softcap),
-        alibi_slopes, sinks, k_descale, v_descale, kv_cache_dtype, k_scales, v_scales, backend or "", where,
-        stream_of(q))
+        alibi_slopes, sinks, k_descale, v_descale, kv_cache_dtype, k_scales, v_scales,
+        triton_launch_args.get("mm_prefix_range"), backend or "", where, stream_of(q))
     return out
 
 
 _LAUNCH_ONLY_ARGS = {"seq_threshold_3D", "num_par_softmax_segments", "softmax_segm_output", "softmax_segm_max",
                      "softmax_segm_expsum"}
-_MODE_ARGS_NONE = {"raw_k", "raw_v", "mm_prefix_range"}
-_SCALE_CACHE_ARGS = {"k_scale_cache", "v_scale_cache"}  # checked in C++ against kv_quant_mode
+_MODE_ARGS_NONE = {"raw_k", "raw_v"}
+# Checked in C++: the scale caches against kv_quant_mode, mm_prefix_range's shape and values.
+_CHECKED_IN_CPP_ARGS = {"k_scale_cache", "v_scale_cache", "mm_prefix_range"}
 # vLLM's KVQuantMode members pagedattn runs, and the kv_cache_dtype each names (None: the cache tensor's).
 _KV_QUANT_MODES = {"NONE": None, "FP8_PER_TENSOR": None, "INT8_PER_TOKEN_HEAD": "int8_per_token_head",
                    "FP8_PER_TOKEN_HEAD": "fp8_per_token_head"}
@@ -117,7 +122,7 @@ def _check_launch_args(where, args):
     per-token-head kv_quant_mode names, else None."""
     kv_cache_dtype = None
     for name, value in args.items():
-        if name in _LAUNCH_ONLY_ARGS or name in _SCALE_CACHE_ARGS:
+        if name in _LAUNCH_ONLY_ARGS or name in _CHECKED_IN_CPP_ARGS:
             continue
         if name in _MODE_ARGS_NONE and value is None:
             continue
@@ -168,7 +173,7 @@ def flash_attn_varlen_func(q, k, v, max_seqlen_q, cu_seqlens_q, max_seqlen_k, cu
     _pagedattn.varlen_attention(
         view(q), view(k), view(v), view(out), lse, cu_seqlens_q, cu_seqlens_k, seqused_k, block_table,
         int(max_seqlen_q), int(max_seqlen_k), softmax_scale, bool(causal), left, right, float(softcap or 0.0),
-        alibi_slopes, s_aux, k_descale, v_descale, kv_cache_dtype_of(k), None, None, backend or "", where,
+        alibi_slopes, s_aux, k_descale, v_descale, kv_cache_dtype_of(k), None, None, None, backend or "", where,
         stream_of(q))
     return (out, lse) if return_softmax_lse else out
 

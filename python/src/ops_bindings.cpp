@@ -45,8 +45,8 @@ std::string varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb:
                    std::optional<float> softmax_scale, bool causal, long window_left, long window_right,
                    float softcap, nb::handle alibi_slopes, nb::handle sinks, nb::handle k_descale,
                    nb::handle v_descale, const std::string& kv_cache_dtype, nb::handle k_scale_cache,
-                   nb::handle v_scale_cache, const std::string& backend, const std::string& where,
-                   std::optional<std::uintptr_t> stream) {
+                   nb::handle v_scale_cache, nb::handle mm_prefix_range, const std::string& backend,
+                   const std::string& where, std::optional<std::uintptr_t> stream) {
   VarlenArgs a;
   a.q = view_of(q, where, "q");
   a.k = view_of(k, where, "k");
@@ -71,6 +71,7 @@ std::string varlen(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb:
   a.kv_cache_dtype = cache_dtype_arg(kv_cache_dtype, where, "kv_cache_dtype");
   a.k_scale_cache = view_of(k_scale_cache, where, "k_scale_cache");
   a.v_scale_cache = view_of(v_scale_cache, where, "v_scale_cache");
+  a.mm_prefix_range = view_of(mm_prefix_range, where, "mm_prefix_range");
   a.backend = backend;
   StreamScope scope(a.q.device(), stream, q);
   varlen_attention(std::move(a), where);
@@ -91,10 +92,11 @@ void register_ops(nb::module_& m) {
         "Merges two partial attention results [T, H, D] by their LSE [H, T].");
   m.def("varlen_attention", &varlen, arg("q"), arg("k"), arg("v"), arg("out"), arg("lse").none(),
         arg("cu_seqlens_q"), arg("cu_seqlens_k").none(), arg("seqused_k").none(), arg("block_table").none(),
-        arg("max_seqlen_q"), arg("max_seqlen_k"), arg("softmax_scale").none(), arg("causal"), arg("window_left"),
-        arg("window_right"), arg("softcap"), arg("alibi_slopes").none(), arg("sinks").none(),
-        arg("k_descale").none(), arg("v_descale").none(), arg("kv_cache_dtype"), arg("k_scale_cache").none(),
-        arg("v_scale_cache").none(), arg("backend"), arg("where"), arg("stream").none() = nb::none(),
+        arg("max_seqlen_q"), arg("max_seqlen_k"), arg("softmax_scale").none(), arg("causal"),
+        arg("window_left"), arg("window_right"), arg("softcap"), arg("alibi_slopes").none(),
+        arg("sinks").none(), arg("k_descale").none(), arg("v_descale").none(), arg("kv_cache_dtype"),
+        arg("k_scale_cache").none(), arg("v_scale_cache").none(), arg("mm_prefix_range").none(),
+        arg("backend"), arg("where"), arg("stream").none() = nb::none(),
         "FlashAttention varlen attention over a paged or dense KV; returns the backend that ran it.");
 }
 

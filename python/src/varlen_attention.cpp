@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -19,6 +20,7 @@ namespace {
 // Planned wrappers kept per configuration; past this many the cache restarts
 // (a serving loop uses a handful: one per layer shape and block size).
 constexpr std::size_t kMaxCachedWrappers = 64;
+constexpr int kRangeWidth = 2;  // (first, last)
 
 std::string& last_backend() {
   static std::string name;
@@ -62,12 +64,61 @@ std::vector<float> host_floats(const TensorView& t, std::string_view where, std:
   return to_float_vector(t);
 }
 
+// PrefixLM ranges as BatchAttention::plan takes them: CSR offsets [B + 1]
+// and half-open (start, end) pairs.
+struct MmPrefixCsr {
+  std::vector<std::int32_t> start_loc;
+  std::vector<std::int32_t> ranges;
+};
+
+// vLLM's padded inclusive [B, max_ranges, 2] tensor as CSR [first, last + 1)
+// ranges. A pair with first >= last is padding or a one-token range, which
+// adds nothing to the causal mask, so skipping it is exact. Order, overlap
+// and bounds are checked by the plan (set_mm_prefix_ranges's rules).
+MmPrefixCsr mm_prefix_csr(const TensorView& t, int num_reqs, std::string_view where) {
+  constexpr std::string_view name = "mm_prefix_range";
+  check_rank(t, where, name, 3);
+  check_arg(t.size(0) == num_reqs, where, "mm_prefix_range size(0)",
+            fmt::format("the number of requests ({})", num_reqs), t.size(0));
+  check_size(t, 2, where, name, kRangeWidth);
+  check_arg(t.dtype() == DType::I32 || t.dtype() == DType::I64, where, "mm_prefix_range dtype",
+            "int32 or int64", t.dtype());
+  const std::vector<std::uint8_t> bytes = to_byte_vector(t);
+  std::vector<std::int64_t> values(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (t.dtype() == DType::I32) {
+      std::int32_t x = 0;
+      std::memcpy(&x, bytes.data() + i * sizeof x, sizeof x);
+      values[i] = x;
+    } else {
+      std::memcpy(&values[i], bytes.data() + i * sizeof(std::int64_t), sizeof(std::int64_t));
+    }
+  }
+  const auto per_req = static_cast<std::size_t>(t.size(1));
+  MmPrefixCsr csr;
+  csr.start_loc.push_back(0);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(num_reqs); ++r) {
+    for (std::size_t i = 0; i < per_req; ++i) {
+      const std::int64_t first = values[(r * per_req + i) * kRangeWidth];
+      const std::int64_t last = values[(r * per_req + i) * kRangeWidth + 1];
+      if (first >= last) continue;
+      check_arg(first >= 0 && last < std::numeric_limits<std::int32_t>::max(), where,
+                fmt::format("mm_prefix_range[{}, {}]", r, i),
+                "(first, last) with 0 <= first and last < 2^31 - 1", fmt::format("({}, {})", first, last));
+      csr.ranges.push_back(static_cast<std::int32_t>(first));
+      csr.ranges.push_back(static_cast<std::int32_t>(last + 1));
+    }
+    csr.start_loc.push_back(static_cast<std::int32_t>(csr.ranges.size() / kRangeWidth));
+  }
+  return csr;
+}
+
 std::string wrapper_key(const BatchAttentionOptions& o) {
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|[{}]|[{}]|{}", device_name(o.device), o.num_heads,
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|[{}]|[{}]|{}|{}", device_name(o.device), o.num_heads,
                      o.num_kv_heads, o.head_size, o.dtype, cache_dtype_name(o.kv_cache_dtype), o.block_size,
                      o.causal, o.scale.value_or(0.0f), o.sliding_window.value_or(0),
-                     o.logits_soft_cap.value_or(0.0f), fmt::join(o.alibi_slopes, ","), fmt::join(o.sinks, ","),
-                     o.backend);
+                     o.logits_soft_cap.value_or(0.0f), fmt::join(o.alibi_slopes, ","),
+                     fmt::join(o.sinks, ","), o.backend, o.use_mm_prefix);
 }
 
 BatchAttention& cached_wrapper(const BatchAttentionOptions& options) {
@@ -250,12 +301,19 @@ void varlen_attention(VarlenArgs a, std::string_view where) {
     o.alibi_slopes = host_floats(a.alibi_slopes, where, "alibi_slopes", num_heads);
   }
   o.sinks = host_floats(a.sinks, where, "sinks", num_heads);
+  MmPrefixCsr mm_prefix;
+  if (a.mm_prefix_range.defined()) {
+    check_arg(a.causal, where, "mm_prefix_range",
+              "None with causal=False (PrefixLM ranges widen a causal mask)", "a tensor");
+    mm_prefix = mm_prefix_csr(a.mm_prefix_range, num_reqs, where);
+    o.use_mm_prefix = true;
+  }
 
   BatchAttention& attn = cached_wrapper(o);
   last_backend() = std::string(attn.backend().name());
   const TensorView k_scale = kv_scale(a.k_descale, where, "k_descale", o.num_kv_heads);
   const TensorView v_scale = kv_scale(a.v_descale, where, "v_descale", o.num_kv_heads);
-  attn.plan(cu_q, seq_lens, table, stride);
+  attn.plan(cu_q, seq_lens, table, stride, mm_prefix.start_loc, mm_prefix.ranges);
   cache.key = key_cache;
   cache.value = value_cache;
   attn.run(a.q, {}, {}, cache, a.out, a.lse, k_scale, v_scale);

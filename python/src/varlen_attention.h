@@ -42,6 +42,10 @@ struct VarlenArgs {
   // only): k_scale_cache / v_scale_cache, [NB, Hkv, BS] f32.
   TensorView k_scale_cache;
   TensorView v_scale_cache;
+  // vLLM's mm_prefix_range (PrefixLM; causal only): [B, max_ranges, 2]
+  // i32/i64 inclusive (first, last) pairs per request, padded with (0, 0);
+  // or undefined. Read on the host and planned as half-open CSR ranges.
+  TensorView mm_prefix_range;
   std::string backend;      // empty = the selector's choice
 };
 

@@ -2,7 +2,10 @@
 obvious way (one request, one head at a time) with FlashAttention's
 semantics: causal masks bottom-right aligned, a left window of W keys
 (p - W < j <= p), chunked local attention (j // C == p // C), soft cap,
-ALiBi (slope * (j - p)) and sink logits in the softmax denominator. Returns the output [T, H, D] and the LSE [H, T]."""
+ALiBi (slope * (j - p)) and sink logits in the softmax denominator, and
+PrefixLM ranges (per request half-open (s, e) pairs: a query at s <= p < e
+also sees every key s <= j < e, whatever the causal mask and window say).
+Returns the output [T, H, D] and the LSE [H, T]."""
 
 import numpy as np
 
@@ -15,7 +18,7 @@ def gather(cache, blocks, length):
 
 
 def paged_attention(q, key_cache, value_cache, query_lens, kv_lens, block_table, scale, *, causal=True,
-                    window=None, soft_cap=None, alibi=None, sinks=None, chunk=None):
+                    window=None, soft_cap=None, alibi=None, sinks=None, chunk=None, prefix_ranges=None):
     q = np.asarray(q, dtype=np.float64)
     kc = np.asarray(key_cache, dtype=np.float64)
     vc = np.asarray(value_cache, dtype=np.float64)
@@ -41,6 +44,9 @@ def paged_attention(q, key_cache, value_cache, query_lens, kv_lens, block_table,
                 visible &= j > p - window
             if chunk is not None:
                 visible &= j // chunk == p // chunk
+            for s_start, s_end in (prefix_ranges[r] if prefix_ranges is not None else []):
+                if s_start <= p < s_end:
+                    visible |= (j >= s_start) & (j < s_end)
             for h in range(heads):
                 s = scale * (k[:, h // group, :] @ q[t, h])
                 if soft_cap:

@@ -53,6 +53,42 @@ def test_chunked_local_attention_sees_only_the_querys_chunk():
         pagedattn.BatchAttention(heads, d, dtype="f32", block_size=bs, attention_chunk_size=24)
 
 
+def test_prefix_lm_ranges_widen_the_causal_mask_of_the_queries_inside_them():
+    rng = np.random.default_rng(13)
+    heads, kv_heads, d, bs, nb = 4, 2, 32, 16, 12
+    query_lens, seq_lens = [12, 1], [30, 20]
+    ranges = [[(16, 24), (26, 30)], [(3, 9)]]  # half-open; request 1's decode (19) is past its range
+    qsl = np.cumsum([0] + query_lens).astype(np.int32)
+    table = rng.permutation(nb)[:4].reshape(2, 2).astype(np.int32)
+    caches = [rng.standard_normal((nb, bs, kv_heads, d)).astype(np.float32) for _ in range(2)]
+    q = rng.standard_normal((13, heads, d)).astype(np.float32)
+    attn = pagedattn.BatchAttention(heads, d, num_kv_heads=kv_heads, dtype="f32", block_size=bs, use_mm_prefix=True)
+    attn.plan(qsl, np.array(seq_lens, np.int32), table, mm_prefix_ranges=ranges)
+    out = attn.run(q, None, None, tuple(caches))
+    want, _ = paged_attention(q, caches[0], caches[1], query_lens, seq_lens, table, d ** -0.5, prefix_ranges=ranges)
+    np.testing.assert_allclose(out, want, **TOL)
+    attn.plan(qsl, np.array(seq_lens, np.int32), table)  # a step without ranges is plain causal
+    causal, _ = paged_attention(q, caches[0], caches[1], query_lens, seq_lens, table, d ** -0.5)
+    np.testing.assert_allclose(attn.run(q, None, None, tuple(caches)), causal, **TOL)
+    assert not np.allclose(want, causal, **TOL)
+
+
+def test_bad_prefix_lm_ranges_are_rejected():
+    qsl, seq_lens, table = [0, 4], [8], [[0]]
+    attn = pagedattn.BatchAttention(4, 32, dtype="f32", block_size=16, use_mm_prefix=True)
+    with pytest.raises(ValueError, match="one list of \\(start, end\\) pairs per request \\(1\\), got 2"):
+        attn.plan(qsl, seq_lens, table, mm_prefix_ranges=[[(0, 2)], []])
+    with pytest.raises(ValueError, match="mm_prefix_ranges\\[0\\] must be \\(start, end\\) pairs"):
+        attn.plan(qsl, seq_lens, table, mm_prefix_ranges=[[(0, 2, 3)]])
+    with pytest.raises(ValueError, match="mm_prefix_ranges\\[0\\] \\(request 0\\)"):
+        attn.plan(qsl, seq_lens, table, mm_prefix_ranges=[[(4, 4)]])  # empty
+    plain = pagedattn.BatchAttention(4, 32, dtype="f32", block_size=16)
+    with pytest.raises(ValueError, match="mm_prefix_ranges must be none for a BatchAttention without use_mm_prefix"):
+        plain.plan(qsl, seq_lens, table, mm_prefix_ranges=[[(0, 2)]])
+    with pytest.raises(ValueError, match="causal must be true with use_mm_prefix"):
+        pagedattn.BatchAttention(4, 32, dtype="f32", causal=False, use_mm_prefix=True)
+
+
 def test_run_before_plan_and_bad_plans_raise_value_error():
     attn = pagedattn.BatchAttention(4, 32, dtype="f32", block_size=16)
     cache = np.zeros((4, 16, 4, 32), np.float32)

@@ -61,6 +61,54 @@ def test_unified_attention_with_sinks_and_alibi():
     np.testing.assert_allclose(out, want, **F32_TOL)
 
 
+# vLLM's mm_prefix_range: [B, max_ranges, 2] inclusive (first, last) pairs,
+# padded with (0, 0). Request 0's prefill (positions 46..62) holds two ranges;
+# request 1's (13..17) one range starting in its context, after a one-token
+# pair (5, 5) that adds nothing; request 2's decode (39) is past its range.
+MM_PREFIX_SEQS = [(17, 63), (5, 18), (1, 40)]
+MM_PREFIX_RANGE = [[(50, 55), (58, 61), (0, 0)], [(5, 5), (10, 16), (0, 0)], [(20, 30), (0, 0), (0, 0)]]
+MM_PREFIX_HALF_OPEN = [[(50, 56), (58, 62)], [(10, 17)], [(20, 31)]]
+
+
+def mm_prefix_attention(seqs, mm_prefix_range, window=None, backend=None, causal=True):
+    rng = np.random.default_rng(3)
+    q, kc, vc, cu_q, kv_lens, table = make_paged(rng, seqs, 4, 2, 32, 16, 16)
+    out = np.full_like(q, np.nan)
+    ops.unified_attention(q, kc, vc, out, cu_q, max(s for s, _ in seqs), kv_lens, int(kv_lens.max()), 0.2, causal,
+                          (window - 1, 0) if window else (-1, -1), table, 0, None, None, None, backend=backend,
+                          mm_prefix_range=mm_prefix_range)
+    return out, (q, kc, vc, kv_lens, table)
+
+
+@pytest.mark.parametrize("range_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("window", [None, 8])
+@pytest.mark.parametrize("backend", [None, "REFERENCE"])
+def test_unified_attention_mm_prefix_range_matches_the_oracle(range_dtype, window, backend):
+    out, (q, kc, vc, kv_lens, table) = mm_prefix_attention(
+        MM_PREFIX_SEQS, np.array(MM_PREFIX_RANGE, range_dtype), window, backend)
+    query_lens = [s for s, _ in MM_PREFIX_SEQS]
+    want, _ = paged_attention(q, kc, vc, query_lens, kv_lens, table, 0.2, window=window,
+                              prefix_ranges=MM_PREFIX_HALF_OPEN)
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    causal, _ = paged_attention(q, kc, vc, query_lens, kv_lens, table, 0.2, window=window)
+    assert not np.allclose(out, causal, **F32_TOL)  # queries inside a range see its later keys
+
+
+def test_unified_attention_rejects_a_bad_mm_prefix_range():
+    overlapping = [[(50, 55), (55, 61), (0, 0)], [(0, 0)] * 3, [(0, 0)] * 3]
+    for bad, match in [
+            (overlapping, r"mm_prefix_ranges\[1\] \(request 0\) must be \[start, end\) with 56 <= start"),
+            ([[(50, 70)], [(0, 0)], [(0, 0)]], r"<= seq_lens\[0\] \(63\)"),
+            ([[(-3, 7)], [(0, 0)], [(0, 0)]], r"mm_prefix_range\[0, 0\] must be \(first, last\) with 0 <= first"),
+            (np.zeros((2, 1, 2), np.int32), r"mm_prefix_range size\(0\) must be the number of requests \(3\), got 2"),
+            (np.zeros((3, 1, 3), np.int32), r"mm_prefix_range size\(2\) must be 2, got 3"),
+            (np.zeros((3, 1, 2), np.float32), r"mm_prefix_range dtype must be int32 or int64, got f32")]:
+        with pytest.raises(ValueError, match=match):
+            mm_prefix_attention(MM_PREFIX_SEQS, np.asarray(bad, np.int32) if isinstance(bad, list) else bad)
+    with pytest.raises(ValueError, match="mm_prefix_range must be None with causal=False"):
+        mm_prefix_attention(MM_PREFIX_SEQS, np.array(MM_PREFIX_RANGE, np.int32), causal=False)
+
+
 def test_flash_attn_varlen_func_dense_kv_returns_output_and_lse():
     rng = np.random.default_rng(2)
     q_lens, k_lens = [3, 1, 6], [5, 9, 6]

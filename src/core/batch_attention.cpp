@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/mm_prefix.h"
+
 namespace pagedattn {
 namespace {
 
@@ -37,6 +39,9 @@ void check_options(const BatchAttentionOptions& o) {
     check_arg(*o.attention_chunk_size > 0 && *o.attention_chunk_size % o.block_size == 0, kWhere,
               "attention_chunk_size", fmt::format("a positive multiple of block_size ({})", o.block_size),
               *o.attention_chunk_size);
+  }
+  if (o.use_mm_prefix) {
+    check_arg(o.causal, kWhere, "causal", "true with use_mm_prefix (PrefixLM widens a causal mask)", "false");
   }
   check_per_head(o.alibi_slopes, "alibi_slopes");
   check_per_head(o.sinks, "sinks");
@@ -73,6 +78,7 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
   cfg.block_size = options_.block_size;
   cfg.has_sink = !options_.sinks.empty();
   cfg.use_non_causal = !options_.causal;
+  cfg.use_mm_prefix = options_.use_mm_prefix;
   cfg.use_batch_invariant = options_.batch_invariant;
   cfg.device = options_.device;
   cfg.capability = device_capability(options_.device);
@@ -90,6 +96,7 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
   params.logits_soft_cap = options_.logits_soft_cap;
   params.sinks = options_.sinks;
   params.attention_chunk_size = options_.attention_chunk_size;
+  params.use_mm_prefix = options_.use_mm_prefix;
   params.dtype = options_.dtype;
   params.device = options_.device;
   AttentionProblem problem = make_attention_problem(params, options_.block_size, nullptr, false, false);
@@ -151,8 +158,11 @@ void BatchAttention::reserve(int num_reqs, int num_tokens, std::int64_t table_en
   b.table = table;
 }
 
-void BatchAttention::plan(std::span<const std::int32_t> query_start_loc, std::span<const std::int32_t> seq_lens,
-                          std::span<const std::int32_t> block_table, std::int64_t block_table_stride) {
+void BatchAttention::plan(std::span<const std::int32_t> query_start_loc,
+                          std::span<const std::int32_t> seq_lens, std::span<const std::int32_t> block_table,
+                          std::int64_t block_table_stride,
+                          std::span<const std::int32_t> mm_prefix_range_start_loc,
+                          std::span<const std::int32_t> mm_prefix_ranges) {
   check_arg(query_start_loc.size() >= 2, kPlanWhere, "query_start_loc size", ">= 2 (one request or more)",
             query_start_loc.size());
   check_arg(query_start_loc.size() - 1 <= static_cast<std::size_t>(std::numeric_limits<int>::max()), kPlanWhere,
@@ -183,6 +193,12 @@ void BatchAttention::plan(std::span<const std::int32_t> query_start_loc, std::sp
               fmt::format(">= ceil(seq_lens[{}] / block_size) = {}", r, blocks), block_table_stride);
     max_query_len = std::max(max_query_len, static_cast<int>(q_len));
     max_seq_len = std::max(max_seq_len, seq_lens[r]);
+  }
+  const bool has_ranges = !mm_prefix_range_start_loc.empty() || !mm_prefix_ranges.empty();
+  if (has_ranges) {
+    check_arg(options_.use_mm_prefix, kPlanWhere, "mm_prefix_ranges",
+              "none for a BatchAttention without use_mm_prefix",
+              fmt::format("{} values", mm_prefix_ranges.size()));
   }
   const int num_tokens = query_start_loc[static_cast<std::size_t>(num_reqs)];
   reserve(num_reqs, num_tokens, table_entries);
@@ -221,6 +237,7 @@ void BatchAttention::plan(std::span<const std::int32_t> query_start_loc, std::sp
   common.causal = options_.causal;
   common.block_size = bs;
   planned_ = false;
+  if (has_ranges) assign_mm_prefix_ranges(kPlanWhere, common, mm_prefix_range_start_loc, mm_prefix_ranges);
   metadata_ = options_.attention_chunk_size
                   ? builder_->build(make_local_attention_virtual_batches(common, *options_.attention_chunk_size))
                   : builder_->build(common);

@@ -1,6 +1,6 @@
 // BatchAttention: a planned step writes the step's keys at the plan's slots
-// and attends like the REFERENCE backend; bad plans and runs are rejected
-// before anything is written.
+// and attends like the REFERENCE backend, PrefixLM ranges included; bad
+// plans and runs are rejected before anything is written.
 #include <pagedattn/batch_attention.h>
 
 #include <gtest/gtest.h>
@@ -40,13 +40,23 @@ const std::vector<std::int32_t> kSeqLens{8, 9};
 const std::vector<std::int32_t> kBlockTable{5, 2, 0, 7, 9, 11};  // [2, 3]
 constexpr std::int64_t kStride = 3;
 constexpr int kTokens = 4;
+// PrefixLM ranges, CSR: request 0's [4, 8) starts in its context and holds
+// its three queries (positions 5..7 see up to key 7); request 1's [2, 5)
+// ends before its decode, which stays plain causal.
+const std::vector<std::int32_t> kRangeStartLoc{0, 1, 2};
+const std::vector<std::int32_t> kRanges{4, 8, 2, 5};
+
+struct Ranges {
+  std::span<const std::int32_t> start_loc;
+  std::span<const std::int32_t> ranges;
+};
 
 struct StepResult {
   Tensor out;
   Tensor key_cache;
 };
 
-StepResult run_step(const std::string& backend, std::uint32_t seed) {
+StepResult run_step(const BatchAttentionOptions& o, std::uint32_t seed, Ranges ranges = {}) {
   test::NormalTensors random(seed);
   Tensor key_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
   Tensor value_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
@@ -54,19 +64,29 @@ StepResult run_step(const std::string& backend, std::uint32_t seed) {
   const Tensor k = random({kTokens, kKvHeads, kHeadSize}, DType::F32);
   const Tensor v = random({kTokens, kKvHeads, kHeadSize}, DType::F32);
   Tensor out = Tensor::zeros({kTokens, kHeads, kHeadSize}, DType::F32);
-  BatchAttention attn(options(backend));
-  attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride);
+  BatchAttention attn(o);
+  attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride, ranges.start_loc, ranges.ranges);
   attn.run(q, k, v, {key_cache, value_cache}, out);
   return {out, key_cache};
 }
 
-TEST(BatchAttentionTest, CpuAttnMatchesReferenceAndWritesTheStepsKeysAtThePlansSlots) {
-  const StepResult ref = run_step("REFERENCE", 3);
-  const StepResult cpu = run_step("CPU_ATTN", 3);
-  const std::vector<float> want = to_float_vector(ref.out);
-  const std::vector<float> got = to_float_vector(cpu.out);
+void expect_near(const Tensor& got_tensor, const Tensor& want_tensor) {
+  const std::vector<float> want = to_float_vector(want_tensor);
+  const std::vector<float> got = to_float_vector(got_tensor);
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], kTolerance) << i;
+}
+
+BatchAttentionOptions mm_prefix_options(std::string backend) {
+  BatchAttentionOptions o = options(std::move(backend));
+  o.use_mm_prefix = true;
+  return o;
+}
+
+TEST(BatchAttentionTest, CpuAttnMatchesReferenceAndWritesTheStepsKeysAtThePlansSlots) {
+  const StepResult ref = run_step(options("REFERENCE"), 3);
+  const StepResult cpu = run_step(options("CPU_ATTN"), 3);
+  expect_near(cpu.out, ref.out);
   // Token 0 of request 0 sits at position 5: block 2 (row entry 1), offset 1.
   test::NormalTensors random(3);  // the step's stream again, up to its keys
   random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
@@ -76,6 +96,36 @@ TEST(BatchAttentionTest, CpuAttnMatchesReferenceAndWritesTheStepsKeysAtThePlansS
   EXPECT_EQ(to_float_vector(cpu.key_cache.select(0, 2).select(0, 1)), to_float_vector(k.select(0, 0)));
   // The decode token (position 8) lands in block 11 (row entry 2), offset 0.
   EXPECT_EQ(to_float_vector(cpu.key_cache.select(0, 11).select(0, 0)), to_float_vector(k.select(0, 3)));
+}
+
+TEST(BatchAttentionTest, PrefixLmRangesMatchReferenceAndWidenOnlyTheQueriesInARange) {
+  const Ranges ranges{kRangeStartLoc, kRanges};
+  const StepResult ref = run_step(mm_prefix_options("REFERENCE"), 4, ranges);
+  const StepResult cpu = run_step(mm_prefix_options("CPU_ATTN"), 4, ranges);
+  expect_near(cpu.out, ref.out);
+  const StepResult causal = run_step(options("CPU_ATTN"), 4);
+  // Query 2 (position 7, the range's last key) and the decode see what causal shows them.
+  expect_near(cpu.out.slice(0, 2, kTokens), causal.out.slice(0, 2, kTokens));
+  const std::vector<float> widened = to_float_vector(cpu.out.select(0, 0));
+  const std::vector<float> plain = to_float_vector(causal.out.select(0, 0));
+  EXPECT_NE(widened, plain);  // position 5 sees keys 6 and 7 of its range
+  // A use_mm_prefix wrapper planned without ranges is plain causal.
+  expect_near(run_step(mm_prefix_options("CPU_ATTN"), 4).out, causal.out);
+}
+
+TEST(BatchAttentionTest, BadPrefixLmRangesAreRejected) {
+  BatchAttention plain(options("CPU_ATTN"));
+  test::expect_invalid(
+      [&] { plain.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride, kRangeStartLoc, kRanges); },
+      "mm_prefix_ranges must be none for a BatchAttention without use_mm_prefix");
+  BatchAttention attn(mm_prefix_options("CPU_ATTN"));
+  const std::vector<std::int32_t> past_the_sequence{4, 8, 2, 10};  // request 1 holds 9 tokens
+  test::expect_invalid(
+      [&] { attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride, kRangeStartLoc, past_the_sequence); },
+      "mm_prefix_ranges[1] (request 1)");
+  BatchAttentionOptions non_causal = mm_prefix_options("CPU_ATTN");
+  non_causal.causal = false;
+  test::expect_invalid([&] { BatchAttention unused(non_causal); }, "causal must be true with use_mm_prefix");
 }
 
 TEST(BatchAttentionTest, RunBeforePlanIsRejected) {
