@@ -51,6 +51,7 @@ enum class KVQuantMode : std::uint8_t {
 KVQuantMode kv_quant_mode(CacheDType t);
 // vLLM's member names: "NONE", "FP8_PER_TENSOR", "INT8_PER_TOKEN_HEAD", "FP8_PER_TOKEN_HEAD".
 std::string_view kv_quant_mode_name(KVQuantMode m);
+bool kv_cache_uses_per_token_head_scales(KVQuantMode m);
 bool kv_cache_uses_per_token_head_scales(CacheDType t);
 
 enum class KVCacheLayout { NHD, HND };

@@ -111,10 +111,11 @@ std::string_view kv_quant_mode_name(KVQuantMode m) {
   return "unknown";
 }
 
-bool kv_cache_uses_per_token_head_scales(CacheDType t) {
-  const KVQuantMode m = kv_quant_mode(t);
+bool kv_cache_uses_per_token_head_scales(KVQuantMode m) {
   return m == KVQuantMode::Int8PerTokenHead || m == KVQuantMode::Fp8PerTokenHead;
 }
+
+bool kv_cache_uses_per_token_head_scales(CacheDType t) { return kv_cache_uses_per_token_head_scales(kv_quant_mode(t)); }
 
 void check_token_scale_half(std::string_view where, std::string_view name, const TensorView& scale,
                             const TensorView& cache, CacheDType kv_cache_dtype, Device device) {

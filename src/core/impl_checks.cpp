@@ -102,8 +102,7 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
   shape.paged = reads_paged_cache(p.attn_type);
   shape.block_size = common.block_size;
   shape.cache_storage = kv_cache_storage_dtype(p.kv_cache_dtype, p.dtype);
-  shape.quant_mode = kv_quant_mode(p.kv_cache_dtype);
-  shape.fp8 = shape.quant_mode == KVQuantMode::Fp8PerTensor;
+  shape.fp8 = kv_quant_mode(p.kv_cache_dtype) == KVQuantMode::Fp8PerTensor;
   shape.token_head_scales = kv_cache_uses_per_token_head_scales(p.kv_cache_dtype);
 
   check_arg(common.device() == device, where, "metadata device", device, common.device());

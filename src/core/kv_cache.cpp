@@ -38,7 +38,7 @@ std::size_t page_bytes(int block_size, int num_kv_heads, int head_size, int head
   const std::size_t dims = static_cast<std::size_t>(head_size) + static_cast<std::size_t>(head_size_v);
   const std::size_t data =
       checked_mul(checked_mul(slots, dims, where, "page size"), dtype_size(dtype), where, "page size");
-  if (mode != KVQuantMode::Int8PerTokenHead && mode != KVQuantMode::Fp8PerTokenHead) return data;
+  if (!kv_cache_uses_per_token_head_scales(mode)) return data;
   // One f32 scale per (slot, KV head) for K and one for V.
   const std::size_t scales = checked_mul(slots, kNumKvHalves * kScaleBytes, where, "page size");
   return checked_add(data, scales, where, "page size");

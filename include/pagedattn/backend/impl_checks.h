@@ -33,8 +33,7 @@ struct ForwardShape {
   std::int64_t num_blocks = 0;   // of the cache; 0 when not paged
   int block_size = 0;            // of the cache, else the metadata's
   DType cache_storage = DType::BF16;
-  KVQuantMode quant_mode = KVQuantMode::None;
-  bool fp8 = false;                 // fp8 with the layer's k/v scales (quant_mode Fp8PerTensor)
+  bool fp8 = false;                 // fp8 with the layer's k/v scales (KVQuantMode::Fp8PerTensor)
   bool per_head_kv_scales = false;  // [Hkv] k/v scales
   bool token_head_scales = false;   // the cache's per-token-head scales (KVCacheView::key_scale)
 };

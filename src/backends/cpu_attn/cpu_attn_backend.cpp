@@ -52,10 +52,6 @@ ProblemSupport CpuAttnBackend::problem_support(const AttentionProblem& problem) 
   if (!is_supported_kv_storage(problem.kv_storage_dtype)) {
     support.reasons.push_back(fmt::format("KV cache element type {} not supported", problem.kv_storage_dtype));
   }
-  if (!supports_kv_cache_dtype(problem.kv_cache_dtype)) {
-    support.reasons.push_back(
-        fmt::format("kv_cache_dtype {} not supported", cache_dtype_name(problem.kv_cache_dtype)));
-  }
   if (problem.num_kv_heads <= 0 || problem.num_heads <= 0 || problem.num_heads % problem.num_kv_heads != 0) {
     support.reasons.push_back(fmt::format("num_heads ({}) must be a positive multiple of num_kv_heads ({})",
                                        problem.num_heads, problem.num_kv_heads));

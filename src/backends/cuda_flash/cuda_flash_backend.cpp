@@ -38,10 +38,6 @@ ProblemSupport CudaFlashBackend::problem_support(const AttentionProblem& problem
     support.reasons.push_back(fmt::format("kv cache storage dtype {} not supported with dtype {}",
                                        problem.kv_storage_dtype, problem.dtype));
   }
-  if (!supports_kv_cache_dtype(problem.kv_cache_dtype)) {
-    support.reasons.push_back(
-        fmt::format("kv_cache_dtype {} not supported", cache_dtype_name(problem.kv_cache_dtype)));
-  }
   if (problem.head_size <= 0 || head_size_rule(problem.head_size)) {
     support.reasons.push_back(fmt::format("head_size {} not supported (multiples of {} up to {})", problem.head_size,
                                        kHeadSizeAlign, kMaxHeadSize));

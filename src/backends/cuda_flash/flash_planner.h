@@ -63,7 +63,7 @@ std::int64_t item_cost(const WorkItem& w, int group, bool causal);
 int prefill_tokens_per_item(int group);
 
 struct WorkList {
-  std::vector<WorkItem> items;       // heaviest first
+  std::vector<WorkItem> items;       // in sort_heaviest_first's order (flash_planner.cpp)
   std::vector<CombineItem> combine;  // one per split group (cascade: per token run, below)
   std::int64_t partial_token_rows = 0;
   bool decode_only = false;   // every item is a decode item (choose_kernel: the decode-only kernels)

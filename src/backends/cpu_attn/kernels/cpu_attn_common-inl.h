@@ -219,7 +219,7 @@ void dequantize_tile_as(D d, const AttentionParams& p, int request, int kv_head,
         hn::Set(d, vs.data[block * vs.block_stride + slot * vs.slot_stride + kv_head * vs.head_stride] *
                        kv_load_rescale(KV));
     float* k_row = k_dst + static_cast<std::size_t>(i) * d_size;
-    float* v_row = sc.vd + static_cast<std::size_t>(i) * d_size;
+    float* v_row = sc.vf + static_cast<std::size_t>(i) * d_size;
     for (int c = 0; c < d_size; c += lanes) {
       hn::Store(hn::Mul(load_kv<KV>(d, k_rows[i] + c), k_scale), d, k_row + c);
       hn::Store(hn::Mul(load_kv<KV>(d, v_rows[i] + c), v_scale), d, v_row + c);
@@ -231,8 +231,9 @@ void dequantize_tile_as(D d, const AttentionParams& p, int request, int kv_head,
 
 // Per-token-head caches: the K and V rows of keys [t0, t0 + n) of one KV head
 // of a request (k_rows, v_rows: tile_pointers), converted to f32 times each
-// key's scale into sc.ks and sc.vd; k_out / v_out point at them. The item's
-// kernels then read f32 rows (choose_kernel_variant picks f32 ones).
+// key's scale into sc.ks and sc.vf (the converted V tile a P V step reads);
+// k_out / v_out point at them. The item's kernels then read f32 rows
+// (choose_kernel_variant picks f32 ones).
 template <class D>
 void dequantize_tile(D d, const AttentionParams& p, int request, int kv_head, int t0, int n,
                      const unsigned char* const* k_rows, const unsigned char* const* v_rows,

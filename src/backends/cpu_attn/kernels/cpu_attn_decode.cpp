@@ -136,19 +136,19 @@ void walk_decode_units(D d, const AttentionParams& p, const DecodeStreams& strea
                       staged_k, staged_v);
       k_rows = staged_k;
       v_rows = staged_v;
-    } else {
-      if (packed_k && !packed_scores) {
-        unpack_key_rows<KV>(p, unit_t0(u), n, k_rows, sc.ks, staged_k);
-        k_rows = staged_k;
-      } else if (streams.staged) {
-        // A packed K's rows are adjacent, so its groups are copied whole.
-        stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
-        k_rows = staged_k;
-      }
-      if (streams.staged) {
-        stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
-        v_rows = staged_v;
-      }
+    } else if (packed_k && !packed_scores) {
+      unpack_key_rows<KV>(p, unit_t0(u), n, k_rows, sc.ks, staged_k);
+      k_rows = staged_k;
+    } else if (streams.staged) {
+      // A packed K's rows are adjacent, so its groups are copied whole.
+      stage_rows(d, k_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.kt), staged_k);
+      k_rows = staged_k;
+    }
+    // Per-token-head caches are never staged (cpu_attn_plan.cpp): their rows
+    // were just dequantized.
+    if (streams.staged) {
+      stage_rows(d, v_rows, n, row_bytes, reinterpret_cast<unsigned char*>(sc.vf), staged_v);
+      v_rows = staged_v;
     }
     const TilePrefetch far =
         streams.far_stream ? prefetch_of(u + kFarPrefetchUnits, cache_lines(row_bytes)) : TilePrefetch{};

@@ -64,8 +64,8 @@ std::atomic<Active*>& active_slot() {
 
 // Bytes of the tile buffers every KV head of an item shares.
 std::size_t shared_bytes(std::size_t d) {
-  // kt, vf, ks (K elements of at most a float's size) and vd
-  return 4 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
+  // kt, vf and ks (K elements of at most a float's size)
+  return 3 * align_up(d * kTileKeys * sizeof(float)) + align_up(d * sizeof(float));
 }
 
 // Bytes of one KV head's state.
@@ -99,7 +99,6 @@ Scratch::Scratch(void* base, int head_size, int num_rows, int head, int num_head
   vf = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
   tmp = reinterpret_cast<float*>(take(d * sizeof(float)));
   ks = take(d * kTileKeys * sizeof(float));
-  vd = reinterpret_cast<float*>(take(d * kTileKeys * sizeof(float)));
 }
 
 std::size_t Scratch::bytes(int head_size, int num_rows, int num_heads) {

@@ -81,7 +81,7 @@ struct RowInfo {
 };
 
 // Carves one work item's buffers out of the caller's scratch: per KV head of
-// the item its own state, then the tile buffers (kt, vf, tmp, ks, vd) once, so a
+// the item its own state, then the tile buffers (kt, vf, tmp, ks) once, so a
 // one-head item keeps the layout its paths were tuned with.
 struct Scratch {
   float* q = nullptr;       // [rows, D] query, times scale (and the K dequant scale)
@@ -93,12 +93,12 @@ struct Scratch {
   float* alpha = nullptr;   // [rows] rescale of the accumulator for the current tile
   RowInfo* rows = nullptr;  // [rows]
   float* kt = nullptr;      // [D, kTileKeys] transposed K tile (the decode walk: K rows staged)
-  float* vf = nullptr;      // [kTileKeys, D] converted V tile (the decode walk: V rows staged)
+  float* vf = nullptr;      // [kTileKeys, D] converted V tile (the decode walk: V rows staged; a
+                            // per-token-head cache: V rows dequantized to f32)
   float* tmp = nullptr;     // [D] one converted row
   // [kTileKeys, D] K rows unpacked from a packed cache (unpack_key_rows), or
   // dequantized to f32 from a per-token-head one (dequantize_tile)
   unsigned char* ks = nullptr;
-  float* vd = nullptr;  // [kTileKeys, D] V rows dequantized to f32 from a per-token-head cache
 
   // The buffers of KV head number `head` (0-based) of an item of `num_heads`.
   Scratch(void* base, int head_size, int num_rows, int head, int num_heads);

@@ -49,7 +49,7 @@ struct AttentionParams {
   bool per_head_kv_scales = false;
   // Per-token-head caches (kv_dtype I8 or FP8_E4M3, K row-major): each key's
   // K and V scale. Items convert a tile's rows to f32 times their scales
-  // (Scratch::ks, Scratch::vd) and run the f32 kernels (choose_kernel_variant).
+  // (Scratch::ks, Scratch::vf) and run the f32 kernels (choose_kernel_variant).
   ScaleOperand k_token_scale;
   ScaleOperand v_token_scale;
 

@@ -47,9 +47,11 @@ void tile_pv(D d, TilePv pv, const Scratch& sc, int rows, int d_size, int n,
     if (pv == TilePv::kBf16) return Bf16Tiles<KV>::pv(sc, rows, d_size, n, v_rows);
   }
   if (pv == TilePv::kRows) return accumulate_pv<KV>(d, sc, rows, d_size, n, v_rows);
+  // A per-token-head tile was dequantized into sc.vf already (dequantize_tile).
+  const bool converted = n > 0 && v_rows[0] == reinterpret_cast<const unsigned char*>(sc.vf);
   const int lanes = static_cast<int>(hn::Lanes(d));
   const auto esize = static_cast<int>(dtype_size(KV));
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < n && !converted; ++i) {
     for (int c = 0; c < d_size; c += lanes)
       hn::Store(load_kv<KV>(d, v_rows[i] + c * esize), d, sc.vf + i * d_size + c);
   }

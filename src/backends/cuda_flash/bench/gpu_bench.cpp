@@ -70,8 +70,7 @@ double event_ms(F&& fn) {
   return ms;
 }
 
-// Random cache contents: int8 over its whole range, other dtypes in [-1, 1).
-constexpr float kInt8FillRange = 127.0f;
+// Random cache contents: int8 over its whole range (kInt8Max), other dtypes in [-1, 1).
 // Per-token-head scales: uniform in [0.5, 1.5) / qmax, so values read back lie
 // within about [-1.5, 1.5] as the other dtypes' do.
 constexpr float kScaleLo = 0.5f;
@@ -127,7 +126,7 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const std::st
   const Tensor& cache = layer_cache.cache;
   const Tensor& scales = layer_cache.scales;
   const bool int8 = storage == DType::I8;
-  fill(cache, 7, int8 ? -kInt8FillRange : -1.0f, int8 ? kInt8FillRange : 1.0f);
+  fill(cache, 7, int8 ? -kInt8Max : -1.0f, int8 ? kInt8Max : 1.0f);
   if (scales.defined()) {
     const float qmax = int8 ? kInt8Max : 1.0f;
     fill(scales, 13, kScaleLo / qmax, kScaleHi / qmax);

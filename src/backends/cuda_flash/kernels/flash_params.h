@@ -151,8 +151,8 @@ struct FlashParams {
   int kv_scale_stride = 0;         // 0 = per tensor, 1 = per KV head
   // Per-token-head caches (int8, or e4m3 with these set): each key's K and V
   // scale, [NB, Hkv, BS] f32 on the device, both with the strides below;
-  // null otherwise. Scores are multiplied by the key's K scale, V rows by
-  // their V scale (in f16) before P V.
+  // null otherwise. Scores are multiplied by the key's K scale, and each
+  // probability by its key's V scale (in f32) before P V.
   const float* k_token_scale = nullptr;
   const float* v_token_scale = nullptr;
   std::int64_t scale_block_stride = 0;

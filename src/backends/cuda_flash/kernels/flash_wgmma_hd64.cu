@@ -7,10 +7,7 @@ namespace pagedattn::cuda_flash {
 
 template <>
 int launch_wgmma_prefill<64>(const FlashParams& params, DType dtype, void* stream) {
-  const auto s = static_cast<cudaStream_t>(stream);
-  if (dtype == DType::F16) return detail::launch_wgmma_kernel<64, half>(params, s);
-  if (dtype == DType::BF16) return detail::launch_wgmma_kernel<64, __nv_bfloat16>(params, s);
-  return kLaunchUnsupportedDType;
+  return detail::launch_wgmma_dtype<64>(params, dtype, static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace pagedattn::cuda_flash

@@ -405,4 +405,13 @@ int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
                            stream, p.num_sms * kWgmmaCtasPerSm);
 }
 
+// The class's kernel for the queries' dtype (each class's translation unit
+// instantiates it: instantiations.h).
+template <int kHC>
+int launch_wgmma_dtype(const FlashParams& p, DType dtype, cudaStream_t stream) {
+  if (dtype == DType::F16) return launch_wgmma_kernel<kHC, half>(p, stream);
+  if (dtype == DType::BF16) return launch_wgmma_kernel<kHC, __nv_bfloat16>(p, stream);
+  return kLaunchUnsupportedDType;
+}
+
 }  // namespace pagedattn::cuda_flash::detail
