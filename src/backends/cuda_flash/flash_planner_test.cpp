@@ -115,7 +115,7 @@ TEST(FlashPlannerTest, StepKindAndDeviceChooseTheKernel) {
   constexpr int kSm80 = 80;
   EXPECT_EQ(choose_kernel(128, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
   EXPECT_EQ(choose_kernel(128, false, false, true, kSm80), KernelKind::Mixed);
-  EXPECT_EQ(choose_kernel(128, true, false, true, kWgmmaSmVersion), KernelKind::Mixed);  // fp8 K/V
+  EXPECT_EQ(choose_kernel(128, true, false, true, kWgmmaSmVersion), KernelKind::Mixed);  // per-token-head K/V
   EXPECT_EQ(choose_kernel(64, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
   EXPECT_EQ(choose_kernel(256, false, false, true, kWgmmaSmVersion), KernelKind::WgmmaPrefill);
   EXPECT_EQ(choose_kernel(128, false, false, false, kWgmmaSmVersion), KernelKind::Mixed);

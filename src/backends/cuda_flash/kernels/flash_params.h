@@ -40,15 +40,17 @@ enum class KernelKind : std::int32_t {
 };
 
 // The one predicate for "which kernel runs this step": the plan's item modes
-// (all decode / all prefill), the head-size class, the cache storage (kv_8bit:
-// fp8 or int8) and the device's compute capability (major * 10 + minor). A
-// batch-invariant plan always runs the mixed kernel: the others tile
-// differently, so a request's bits would depend on what else its step holds.
-constexpr KernelKind choose_kernel(int head_class, bool kv_8bit, bool decode_only, bool prefill_only,
+// (all decode / all prefill), the head-size class, whether the cache keeps a
+// scale per token and KV head (int8, or fp8 with token scales: the wgmma
+// kernel takes 16-bit and per-tensor fp8 K/V only) and the device's compute
+// capability (major * 10 + minor). A batch-invariant plan always runs the
+// mixed kernel: the others tile differently, so a request's bits would depend
+// on what else its step holds.
+constexpr KernelKind choose_kernel(int head_class, bool kv_token_scaled, bool decode_only, bool prefill_only,
                                    int sm_version, bool batch_invariant = false) {
   if (batch_invariant) return KernelKind::Mixed;
   if (decode_only && has_decode_only_kernel(head_class)) return KernelKind::DecodeOnly;
-  if (prefill_only && !kv_8bit && has_wgmma_kernel(head_class) && sm_version == kWgmmaSmVersion) {
+  if (prefill_only && !kv_token_scaled && has_wgmma_kernel(head_class) && sm_version == kWgmmaSmVersion) {
     return KernelKind::WgmmaPrefill;
   }
   return KernelKind::Mixed;

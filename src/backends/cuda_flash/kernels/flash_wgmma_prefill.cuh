@@ -1,5 +1,5 @@
 // The Hopper prefill kernel of CUDA_FLASH (sm_90a, head classes 64, 128 and
-// 256, 16-bit K/V), warp-specialized as FlashAttention-3: a producer warpgroup copies
+// 256, 16-bit or per-tensor fp8 K/V), warp-specialized as FlashAttention-3: a producer warpgroup copies
 // each pass's queries and its K and V tiles of kTileKeys keys from the paged
 // cache into 128-byte swizzled shared memory (cp.async, one page run per
 // thread: a page table rules out one bulk copy per tile), and two consumer
@@ -11,6 +11,12 @@
 // epilogue. Persistent: the grid is one CTA per multiprocessor, striding over
 // the (item, KV head) units.
 //
+// fp8 K/V (e4m3 or e5m2, a scale per tensor or KV head): the producer stages
+// each tile raw (cp.async) and converts it to the queries' 16-bit type
+// (exact for both formats) into the tiles the consumers read, so they run the
+// 16-bit kernel's MMAs; the K scale joins the score scale and the V scale the
+// epilogue's normalization.
+//
 // A pass is 128 packed rows of an item: consumer warpgroup w owns rows
 // [64w, 64w + 64) and every key of a tile, so each K/V tile in shared memory
 // serves 128 rows. Any item runs here as 128-row passes (a decode item too:
@@ -20,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "flash_params.h"
@@ -36,6 +43,7 @@ inline constexpr int kWgmmaConsumerThreads = kWgmmaConsumers * kWarpgroupThreads
 inline constexpr int kWgmmaProducerWg = kWgmmaConsumers;  // the last warpgroup
 inline constexpr int kWgmmaThreads = kWgmmaConsumerThreads + kWarpgroupThreads;
 inline constexpr int kWgmmaK = 16;  // the reduction depth of one 16-bit wgmma
+inline constexpr int kSm90MaxSmemBytes = 227 * 1024;  // dynamic shared memory a CTA may opt into
 // Registers per thread after the hand-over: the launch gets 168 per thread
 // (384 threads), 504 per thread slot of the three warpgroups; the producer,
 // which only walks the page table and issues copies, passes its share to the
@@ -67,6 +75,17 @@ struct WgmmaLayout {
   static_assert(has_wgmma_kernel(kHC), "a head class with a wgmma kernel");
 };
 
+// fp8 kernels' staging ring of raw K and V tiles (1 byte an element, rows of
+// kHC bytes), between the V tiles and the barriers: two stages (a tile's
+// copies in flight while the previous one is converted), one at class 256,
+// whose 64-key tiles already fill shared memory (227 KB with it).
+template <int kHC, bool kFp8>
+struct WgmmaRawRing {
+  static constexpr int kStages = !kFp8 ? 0 : (kHC > 128 ? 1 : 2);
+  static constexpr int kTileBytes = WgmmaLayout<kHC>::kTileKeys * kHC;  // one raw K or V tile
+  static constexpr int kBytes = kStages * 2 * kTileBytes;
+};
+
 // Descriptor offsets of the swizzled tiles: 8-row atoms are 1024 B apart; the
 // 64-dim panels of a K or V tile are kTileKeys rows apart, of Q kPrefillRows.
 inline constexpr std::uint32_t kAtomStride = kSwizzleAtomBytes;
@@ -88,6 +107,41 @@ struct WgmmaBarriers {
   std::uint64_t* v_full;   // [kStages]
   std::uint64_t* v_empty;  // [kStages]
 };
+
+// How the cache stores K/V for this kernel.
+enum class WgmmaKv { Bits16, E4M3, E5M2 };
+
+template <WgmmaKv kKv>
+inline constexpr std::int64_t kKvElemBytes = kKv == WgmmaKv::Bits16 ? 2 : 1;
+
+// Eight fp8 values (an 8-byte chunk) -> eight T (16 bytes), exact.
+template <typename T, WgmmaKv kKv>
+__device__ __forceinline__ uint4 fp8x8_to(uint2 raw) {
+  constexpr __nv_fp8_interpretation_t kKind = kKv == WgmmaKv::E5M2 ? __NV_E5M2 : __NV_E4M3;
+  std::uint32_t w[4];
+  fp8x4_to_f16x2<kKind>(raw.x, w[0], w[1]);
+  fp8x4_to_f16x2<kKind>(raw.y, w[2], w[3]);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+    for (std::uint32_t& x : w) {
+      __half2 h;
+      std::memcpy(&h, &x, sizeof h);
+      const float2 f = __half22float2(h);
+      x = Elem<__nv_bfloat16>::pack(f.x, f.y);
+    }
+  }
+  return {w[0], w[1], w[2], w[3]};
+}
+
+// The per-tensor (or per-KV-head) fp8 scale of `scales` for `kv_head`; 1 for 16-bit K/V.
+template <WgmmaKv kKv>
+__device__ __forceinline__ float kv_tensor_scale(const FlashParams& p, const float* scales, int kv_head) {
+  if constexpr (kKv == WgmmaKv::Bits16) {
+    return 1.0f;
+  } else {
+    return scales[kv_head * p.kv_scale_stride];
+  }
+}
 
 // What producer and consumers both derive from a pass: its key range and tiles.
 struct PassTiles {
@@ -117,9 +171,9 @@ __device__ __forceinline__ void for_each_pass(const WorkItem& item, int group, F
 // the queries into the Q buffer once the previous pass has released it, then
 // each tile's K and V into their buffers once released. Every thread arrives
 // on a `full` barrier when its own copies land (cp.async's mbarrier arrive).
-template <int kHC, typename T>
+template <int kHC, typename T, WgmmaKv kKv>
 __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
-                              const WgmmaBarriers& bars) {
+                              unsigned char* raw_s, const WgmmaBarriers& bars) {
   using L = WgmmaLayout<kHC>;
   const int tid = static_cast<int>(threadIdx.x) - kWgmmaConsumerThreads;
   const int my_ch = tid % L::kChunks;
@@ -140,26 +194,74 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
 
       const PassTiles pt = pass_tiles<L::kTileKeys>(p, item, group, row0, rows);
       const KvRunWalker<L::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
-                                                             my_ch, my_run, 2);
-      RunStart run = walker.locate(0);
-      for (int t = 0; t < pt.steps; ++t) {
-        const int gt = seq + t;
-        const int buf = gt % L::kStages;
-        const int reuse_parity = (gt / L::kStages - 1) & 1;
-        const int tile_off = buf * L::kTileBytes;
-        if (gt >= L::kStages) mbarrier_wait(&bars.k_empty[buf], reuse_parity);
-        walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char*) {
-          cp_async_16(k_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), k_src,
-                      valid);
-        });
-        cp_async_arrive(&bars.k_full[buf]);
-        if (gt >= L::kStages) mbarrier_wait(&bars.v_empty[buf], reuse_parity);
-        walker.walk(t, run, [&](int i, bool valid, const char*, const char* v_src) {
-          cp_async_16(v_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), v_src,
-                      valid);
-        });
-        cp_async_arrive(&bars.v_full[buf]);
-        run = walker.locate(t + 1);
+                                                             my_ch, my_run, kKvElemBytes<kKv>);
+      if constexpr (kKv == WgmmaKv::Bits16) {
+        RunStart run = walker.locate(0);
+        for (int t = 0; t < pt.steps; ++t) {
+          const int gt = seq + t;
+          const int buf = gt % L::kStages;
+          const int reuse_parity = (gt / L::kStages - 1) & 1;
+          const int tile_off = buf * L::kTileBytes;
+          if (gt >= L::kStages) mbarrier_wait(&bars.k_empty[buf], reuse_parity);
+          walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char*) {
+            cp_async_16(k_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), k_src,
+                        valid);
+          });
+          cp_async_arrive(&bars.k_full[buf]);
+          if (gt >= L::kStages) mbarrier_wait(&bars.v_empty[buf], reuse_parity);
+          walker.walk(t, run, [&](int i, bool valid, const char*, const char* v_src) {
+            cp_async_16(v_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), v_src,
+                        valid);
+          });
+          cp_async_arrive(&bars.v_full[buf]);
+          run = walker.locate(t + 1);
+        }
+      } else {
+        // fp8: each thread copies its chunks of tile t + 1 raw into the
+        // staging ring (cp.async, zeros outside the range) while it converts
+        // the same chunks of tile t, which only it wrote, into the swizzled
+        // 16-bit tiles; it arrives once its stores are fenced for wgmma's
+        // async reads.
+        using R = WgmmaRawRing<kHC, true>;
+        const int raw_off = my_run * L::kKeysPerRun * kHC + my_ch * kChunkElems;
+        const auto raw_tile = [&](int t) { return raw_s + (t % R::kStages) * 2 * R::kTileBytes + raw_off; };
+        const auto issue_raw = [&](int t, RunStart run) {
+          unsigned char* k_raw = raw_tile(t);
+          walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+            cp_async_8(k_raw + i * kHC, k_src, valid);
+            cp_async_8(k_raw + R::kTileBytes + i * kHC, v_src, valid);
+          });
+          cp_async_commit();
+        };
+        const auto convert = [&](const unsigned char* raw, unsigned char* tile, std::uint64_t* full) {
+#pragma unroll
+          for (int i = 0; i < L::kKeysPerRun; ++i) {
+            const uint2 w = *reinterpret_cast<const uint2*>(raw + i * kHC);
+            *reinterpret_cast<uint4*>(tile + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys)) =
+                fp8x8_to<T, kKv>(w);
+          }
+          fence_proxy_async_shared();
+          mbarrier_arrive(full);
+        };
+        issue_raw(0, walker.locate(0));
+        for (int t = 0; t < pt.steps; ++t) {
+          const int gt = seq + t;
+          const int buf = gt % L::kStages;
+          const int reuse_parity = (gt / L::kStages - 1) & 1;
+          const int tile_off = buf * L::kTileBytes;
+          const bool ahead = R::kStages > 1 && t + 1 < pt.steps;
+          if (ahead) {
+            issue_raw(t + 1, walker.locate(t + 1));
+            cp_async_wait<1>();
+          } else {
+            cp_async_wait<0>();
+          }
+          if (gt >= L::kStages) mbarrier_wait(&bars.k_empty[buf], reuse_parity);
+          convert(raw_tile(t), k_s + tile_off, &bars.k_full[buf]);
+          if (gt >= L::kStages) mbarrier_wait(&bars.v_empty[buf], reuse_parity);
+          convert(raw_tile(t) + R::kTileBytes, v_s + tile_off, &bars.v_full[buf]);
+          if (!ahead && t + 1 < pt.steps) issue_raw(t + 1, walker.locate(t + 1));
+        }
       }
       seq += pt.steps;
       ++pass;
@@ -175,7 +277,7 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
 template <typename T, int kDT>
 __device__ __forceinline__ void wgmma_store_rows(const FlashParams& p, const WorkItem& item, int kv_head, int group,
                                                  int row0, int rows, int r0, int tig, const float (&o)[kDT][4],
-                                                 const float (&m)[2], float (&l)[2]) {
+                                                 const float (&m)[2], float (&l)[2], float v_scale) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -186,7 +288,7 @@ __device__ __forceinline__ void wgmma_store_rows(const FlashParams& p, const Wor
     const int r = r0 + 8 * i;
     if (r >= rows) continue;
     const RowOut out = row_out(p, item, kv_head, group, row0 + r);
-    const RowFinish fin = finish_row(p, item, out.head, m[i], l[i], 1.0f);
+    const RowFinish fin = finish_row(p, item, out.head, m[i], l[i], v_scale);
     if (item.writes_partial) {
       float* dst = p.partial_out + out.partial_row * p.head_size;
 #pragma unroll
@@ -221,7 +323,7 @@ __device__ __forceinline__ void wgmma_store_rows(const FlashParams& p, const Wor
 // two warpgroups take turns to issue their MMAs (named barriers), so each
 // one's softmax runs under the other's MMAs. K of tile t is released as soon
 // as S of t has retired, V after P V; the queries after the pass's last S.
-template <int kHC, typename T>
+template <int kHC, typename T, WgmmaKv kKv>
 __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
                               const WgmmaBarriers& bars) {
   using L = WgmmaLayout<kHC>;
@@ -238,12 +340,13 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
   const int my_turn = kTurnBarrier + wg;
   const int their_turn = kTurnBarrier + 1 - wg;
   const std::uint32_t q_addr = smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
-  const float qk_scale = p.variant.scale;
-  const float qk_scale_log2 = qk_scale * kLog2e;
 
   int seq = 0;
   int pass = 0;
   for_each_unit(p, [&](const WorkItem& item, int kv_head, int group, int) {
+    const float qk_scale = p.variant.scale * kv_tensor_scale<kKv>(p, p.k_scale, kv_head);
+    const float qk_scale_log2 = qk_scale * kLog2e;
+    const float v_scale = kv_tensor_scale<kKv>(p, p.v_scale, kv_head);
     for_each_pass(item, group, [&](int row0, int rows) {
       const PassTiles pt = pass_tiles<L::kTileKeys>(p, item, group, row0, rows);
       const int warp_pos_lo = item.position_begin + (row0 + row_base) / group;
@@ -355,12 +458,12 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
       seq += pt.steps;
       ++pass;
 
-      wgmma_store_rows<T>(p, item, kv_head, group, row0, rows, row_base + g, tig, o, m, l);
+      wgmma_store_rows<T>(p, item, kv_head, group, row0, rows, row_base + g, tig, o, m, l, v_scale);
     });
   });
 }
 
-template <int kHC, typename T>
+template <int kHC, typename T, WgmmaKv kKv>
 __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_kernel(const FlashParams p) {
 #if PAGEDATTN_WGMMA_ENABLED
   using L = WgmmaLayout<kHC>;
@@ -372,7 +475,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
   unsigned char* q_s = smem;
   unsigned char* k_s = q_s + L::kQBytes;
   unsigned char* v_s = k_s + L::kKBytes;
-  auto* bar = reinterpret_cast<std::uint64_t*>(v_s + L::kKBytes);
+  unsigned char* raw_s = v_s + L::kKBytes;
+  auto* bar = reinterpret_cast<std::uint64_t*>(raw_s + WgmmaRawRing<kHC, kKv != WgmmaKv::Bits16>::kBytes);
   const WgmmaBarriers bars{bar, bar + 1, bar + 2, bar + 2 + L::kStages, bar + 2 + 2 * L::kStages,
                            bar + 2 + 3 * L::kStages};
   if (threadIdx.x == 0) {
@@ -388,29 +492,42 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
   __syncthreads();
   if (static_cast<int>(threadIdx.x) / kWarpgroupThreads == kWgmmaProducerWg) {
     setmaxnreg_dec<kProducerRegs>();
-    wgmma_produce<kHC, T>(p, q_s, k_s, v_s, bars);
+    wgmma_produce<kHC, T, kKv>(p, q_s, k_s, v_s, raw_s, bars);
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    wgmma_consume<kHC, T>(p, q_s, k_s, v_s, bars);
+    wgmma_consume<kHC, T, kKv>(p, q_s, k_s, v_s, bars);
   }
 #else
   (void)p;
 #endif
 }
 
-template <int kHC, typename T>
+template <int kHC, typename T, WgmmaKv kKv>
 int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
   static std::atomic<std::uint64_t> configured{0};
-  return launch_over_items(wgmma_prefill_kernel<kHC, T>, kWgmmaThreads, WgmmaLayout<kHC>::kSmemBytes, configured, p,
-                           stream, p.num_sms * kWgmmaCtasPerSm);
+  constexpr int kSmem = WgmmaLayout<kHC>::kSmemBytes + WgmmaRawRing<kHC, kKv != WgmmaKv::Bits16>::kBytes;
+  static_assert(kSmem <= kSm90MaxSmemBytes, "the CTA's shared memory fits an sm_90 multiprocessor");
+  return launch_over_items(wgmma_prefill_kernel<kHC, T, kKv>, kWgmmaThreads, kSmem, configured, p, stream,
+                           p.num_sms * kWgmmaCtasPerSm);
+}
+
+// The kernel of class kHC for the queries' dtype and the cache's storage.
+template <int kHC, typename T>
+int launch_wgmma_kv(const FlashParams& p, cudaStream_t stream) {
+  if (p.kv_dtype == DType::FP8_E4M3) return launch_wgmma_kernel<kHC, T, WgmmaKv::E4M3>(p, stream);
+  if (p.kv_dtype == DType::FP8_E5M2) return launch_wgmma_kernel<kHC, T, WgmmaKv::E5M2>(p, stream);
+  if (p.kv_dtype == DType::BF16 || p.kv_dtype == DType::F16) {
+    return launch_wgmma_kernel<kHC, T, WgmmaKv::Bits16>(p, stream);
+  }
+  return kLaunchUnsupportedDType;
 }
 
 // The class's kernel for the queries' dtype (each class's translation unit
 // instantiates it: instantiations.h).
 template <int kHC>
 int launch_wgmma_dtype(const FlashParams& p, DType dtype, cudaStream_t stream) {
-  if (dtype == DType::F16) return launch_wgmma_kernel<kHC, half>(p, stream);
-  if (dtype == DType::BF16) return launch_wgmma_kernel<kHC, __nv_bfloat16>(p, stream);
+  if (dtype == DType::F16) return launch_wgmma_kv<kHC, half>(p, stream);
+  if (dtype == DType::BF16) return launch_wgmma_kv<kHC, __nv_bfloat16>(p, stream);
   return kLaunchUnsupportedDType;
 }
 

@@ -8,8 +8,8 @@
 // (the kernel zero-pads the rest), so any multiple of 8 up to 256 is served by
 // three classes. Each class is compiled in its own translation unit
 // (flash_hd<N>.cu) so the CUDA build parallelizes and stays small. Plus the
-// sm_90a wgmma prefill kernels of every class x {f16, bf16}, 16-bit K/V only
-// (flash_wgmma_hd<N>.cu).
+// sm_90a wgmma prefill kernels of every class x {f16, bf16} x {16-bit K/V,
+// fp8 e4m3 and e5m2 K/V with per-tensor scales} (flash_wgmma_hd<N>.cu).
 #pragma once
 
 #include <pagedattn/backend/scalar.h>
@@ -26,7 +26,7 @@ namespace pagedattn::cuda_flash {
 PAGEDATTN_FLASH_HEAD_CLASSES(PAGEDATTN_FLASH_DECLARE_CLASS)
 #undef PAGEDATTN_FLASH_DECLARE_CLASS
 
-// The wgmma prefill kernels (f16 and bf16, 16-bit K/V), compiled for sm_90a
+// The wgmma prefill kernels (f16 and bf16; 16-bit or per-tensor fp8 K/V), compiled for sm_90a
 // only (flash_wgmma_hd<N>.cu); launched by launch_class when choose_kernel
 // picks KernelKind::WgmmaPrefill.
 template <int kHeadClass>
