@@ -104,7 +104,7 @@ int set_step_kind(const std::vector<Tile>& tiles, int head_size, WorkList& plan)
   const bool decode_only_kernel =
       choose_kernel(head_size_class(head_size), false, plan.decode_only, plan.prefill_only, 0) ==
       KernelKind::DecodeOnly;
-  return decode_only_kernel ? kDecodeOnlyCtasPerSm : kTargetCtasPerSm;
+  return decode_only_kernel ? decode_only_ctas_per_sm(head_size_class(head_size)) : kTargetCtasPerSm;
 }
 
 // Appends tile t's items: its keys in about `splits` chunks on the absolute

@@ -26,7 +26,7 @@ inline constexpr int kMaxSplits = 64;
 inline constexpr int kMaxWaveFillSplits = 4;
 inline constexpr double kMinWaveFillGain = 0.05;
 // Resident CTAs per multiprocessor the split heuristic aims to fill (mixed
-// kernels; decode-only steps aim at kDecodeOnlyCtasPerSm).
+// kernels; decode-only steps aim at their class's decode_only_ctas_per_sm).
 inline constexpr int kTargetCtasPerSm = 2;
 // Batch-invariant plans split a decode item into chunks of this many keys
 // (more when kMaxSplits would be exceeded), whatever the batch; prefill items

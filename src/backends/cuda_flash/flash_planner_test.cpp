@@ -81,22 +81,26 @@ TEST(FlashPlannerTest, FewLongDecodesAreSplitToFillTheMachine) {
 }
 
 // Decode-only steps of the smaller head classes run the decode-only kernels,
-// which hold kDecodeOnlyCtasPerSm CTAs per multiprocessor: the splits fill that.
+// whose occupancy (decode_only_ctas_per_sm of the class) the splits fill.
 TEST(FlashPlannerTest, DecodeOnlyStepsAimAtTheDecodeOnlyKernelsOccupancy) {
   const Batch decodes = Batch().add(1, 32768, 8);
   const auto with_head = [](const Batch& b, int head_size) {
     return make_work_list({b.query_start_loc, b.seq_lens, 8, kH200Sms, 4, head_size});
   };
-  const WorkList small = with_head(decodes, 128);
-  EXPECT_TRUE(small.decode_only);
-  EXPECT_EQ(small.combine.front().groups[0].num_splits, choose_num_splits(64, 32768, kH200Sms, kDecodeOnlyCtasPerSm));
-  EXPECT_GT(small.combine.front().groups[0].num_splits, choose_num_splits(64, 32768, kH200Sms));
+  for (const int head_size : {64, 128}) {
+    const WorkList w = with_head(decodes, head_size);
+    EXPECT_TRUE(w.decode_only);
+    EXPECT_EQ(w.combine.front().groups[0].num_splits,
+              choose_num_splits(64, 32768, kH200Sms, decode_only_ctas_per_sm(head_size)));
+    expect_exact_cover(w, decodes);
+  }
+  // Head size 64 fits more CTAs than the mixed kernels: more splits.
+  EXPECT_GT(with_head(decodes, 64).combine.front().groups[0].num_splits, choose_num_splits(64, 32768, kH200Sms));
   const WorkList large = with_head(decodes, 256);  // no decode-only kernel for its class
   EXPECT_TRUE(large.decode_only);
   EXPECT_EQ(large.combine.front().groups[0].num_splits, choose_num_splits(64, 32768, kH200Sms));
   const WorkList mixed = with_head(Batch().add(1, 32768, 8).add(100, 100), 128);
   EXPECT_FALSE(mixed.decode_only);
-  expect_exact_cover(small, decodes);
 }
 
 // The step kind the plan reports picks the kernel: decode-only kernels for
@@ -354,12 +358,13 @@ TEST(FlashPlannerTest, CascadePlanOfTheBenchmarkStep) {
   expect_cascade_cover(p, b, kPrefix);
 }
 
-// Few requests: one wave of 256-key chunks.
+// Few requests: one wave of the shortest chunks that fit one (on 132
+// multiprocessors of two CTAs, 512 keys: 256-key chunks make 384 CTAs).
 TEST(FlashPlannerTest, SmallCascadeStepsSplitToFillOneWave) {
   const Batch b = Batch().add(1, 4096 + 512, 8);
   const WorkList p = cascade_plan(b, 4096);
-  for (const WorkItem& w : p.items) EXPECT_LE(w.kv_end - w.kv_begin, kMinKeysPerSplit);
-  EXPECT_LE(static_cast<std::int64_t>(p.items.size()) * 8, kH200Sms * kDecodeOnlyCtasPerSm);
+  for (const WorkItem& w : p.items) EXPECT_LE(w.kv_end - w.kv_begin, 2 * kMinKeysPerSplit);
+  EXPECT_LE(static_cast<std::int64_t>(p.items.size()) * 8, kH200Sms * decode_only_ctas_per_sm(128));
   expect_cascade_cover(p, b, 4096);
 }
 

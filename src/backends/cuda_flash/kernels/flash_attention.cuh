@@ -76,12 +76,16 @@ struct Shape {
 template <int kHeadClass, bool kFp8, bool kDecodeOnly>
 struct SmemLayout {
   using S = Shape<kHeadClass, kFp8>;
+  // K/V buffers a decode pass's warps ring through (run_pass): the 16-bit
+  // decode-only kernels hold kDecodeOnlyStages 64-key tiles.
+  static constexpr int kDecodeRing = kFp8 ? S::kRawStages : (kDecodeOnly ? kDecodeOnlyStages : S::kStages);
+  static constexpr int kKVBytes = kDecodeOnly && !kFp8 ? kDecodeOnlyStages * 2 * S::kTileElems * 2 : S::kKVBytes;
   static constexpr int kQRows = kDecodeOnly ? kDecodeRows : S::kPassRows;
   static constexpr int kStageRows = kDecodeOnly ? kWarps * kMmaRows : S::kPassRows;
   static_assert(S::kPassRows >= kWarps * kMmaRows, "a prefill pass's stage holds every warp's decode rows");
   static constexpr int kQBytes = kQRows * S::kStride * 2;
   static constexpr int kStageBytes = kStageRows * kHeadClass * 4;
-  static constexpr int kBodyBytes = S::kKVBytes > kStageBytes ? S::kKVBytes : kStageBytes;
+  static constexpr int kBodyBytes = kKVBytes > kStageBytes ? kKVBytes : kStageBytes;
   static constexpr int kMLBytes = kStageRows * 2 * 4;
   static constexpr int kSmemBytes = kQBytes + kBodyBytes + kMLBytes;
 };
@@ -188,7 +192,8 @@ __device__ __forceinline__ void scale_by_key(float (&s)[kNT][4], const float* sc
   }
 }
 
-template <int kHC, typename TIO, KvStore kKv, bool kDecode>
+// kRing: the K/V tile buffers decode passes ring through (SmemLayout::kDecodeRing).
+template <int kHC, typename TIO, KvStore kKv, bool kDecode, int kRing>
 __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride,
                          int row0, int rows, const SmemPtrs& sm) {
   constexpr bool kFp8 = kIsFp8<kKv>;
@@ -498,7 +503,46 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     }
   };
 
-  if constexpr (kFp8) {
+  if constexpr (kDecode) {
+    // ---- the key loop, decode: each warp on its own ----
+    // A thread's copy run lies among its warp's 16 keys of the tile (run
+    // my_run's keys 16 w .. 16 w + 15 are warp w's, KvRunWalker), which only
+    // that warp computes on: the warps wait for their own copies (cp.async
+    // groups, then __syncwarp) and never for each other inside the loop. Tiles
+    // t + 1 .. t + kRing - 1 are in flight while tile t is computed; block ids
+    // are looked up kLocateAhead tiles before their copies issue, so the
+    // page-table loads are not on the copy-issue path.
+    constexpr int kLocateAhead = 2;
+    RunStart ahead[kLocateAhead];
+#pragma unroll
+    for (int i = 0; i < kLocateAhead; ++i) ahead[i] = walker.locate(i);
+    const auto issue_next = [&](int t) {
+      if constexpr (kFp8) {
+        issue_raw(t, ahead[0]);
+      } else {
+        issue_tile(t, t % kRing, ahead[0]);
+      }
+#pragma unroll
+      for (int i = 0; i + 1 < kLocateAhead; ++i) ahead[i] = ahead[i + 1];
+      ahead[kLocateAhead - 1] = walker.locate(t + kLocateAhead);
+    };
+    for (int t = 0; t + 1 < kRing; ++t) {
+      if (t < num_tiles) issue_next(t);
+      cp_async_commit();
+    }
+    // The queries (the oldest group, or stored directly) are read by every warp.
+    cp_async_wait<kRing - 1>();
+    __syncthreads();
+    for (int t = 0; t < num_tiles; ++t) {
+      // Tile t + kRing - 1 reuses the buffer of tile t - 1, which this warp is done with.
+      if (t + kRing - 1 < num_tiles) issue_next(t + kRing - 1);
+      cp_async_commit();  // possibly empty: keeps the group count per tile fixed
+      cp_async_wait<kRing - 1>();
+      __syncwarp();  // tile t landed for every lane of the warp
+      compute_tile(t, t % kRing);
+      __syncwarp();  // every lane is done reading tile t's buffer
+    }
+  } else if constexpr (kFp8) {
     // ---- the key loop, fp8: tiles t + 1 .. t + kRawStages - 1 in flight ----
     run = walker.locate(0);
     for (int t = 0; t < S::kRawStages - 1; ++t) {
@@ -557,9 +601,9 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
 
 // kDecodeOnly: runs every item as decode passes (a prefill item, should a
 // replayed graph meet one, as passes of 16 rows: correct, slower), built for
-// kDecodeOnlyCtasPerSm CTAs per multiprocessor.
+// decode_only_ctas_per_sm(kHC) CTAs per multiprocessor.
 template <int kHC, typename T, KvStore kKv, bool kDecodeOnly>
-__global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm : 1)
+__global__ void __launch_bounds__(kThreads, kDecodeOnly ? decode_only_ctas_per_sm(kHC) : 1)
     attention_kernel(const FlashParams p) {
   using S = Shape<kHC, kIsFp8<kKv>>;
   using L = SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>;
@@ -570,13 +614,13 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? kDecodeOnlyCtasPerSm :
     const int rows_total = item.num_tokens * group;
     if (kDecodeOnly || item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
-        run_pass<kHC, T, kKv, true>(p, item, kv_head, group, bt_stride, row0, min(kDecodeRows, rows_total - row0),
-                                    sm);
+        run_pass<kHC, T, kKv, true, L::kDecodeRing>(p, item, kv_head, group, bt_stride, row0,
+                                                    min(kDecodeRows, rows_total - row0), sm);
       }
     } else if constexpr (!kDecodeOnly) {
       for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {
-        run_pass<kHC, T, kKv, false>(p, item, kv_head, group, bt_stride, row0,
-                                     min(S::kPassRows, rows_total - row0), sm);
+        run_pass<kHC, T, kKv, false, L::kDecodeRing>(p, item, kv_head, group, bt_stride, row0,
+                                                     min(S::kPassRows, rows_total - row0), sm);
       }
     }
   });

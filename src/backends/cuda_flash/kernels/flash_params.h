@@ -19,12 +19,19 @@ inline constexpr int kPrefillRows = 128;    // packed (token, head) rows per pre
 inline constexpr int kDecodeRows = 16;      // one 16-row MMA tile; the 4 warps split the keys
 // Steps with decode items only run the decode-only kernels (head classes up to
 // kDecodeOnlyMaxClass): the decode path's registers and a 16-row query region
-// let kDecodeOnlyCtasPerSm CTAs share a multiprocessor, where the mixed
-// kernels fit two. The planner aims its splits at that many.
+// leave room for more K/V buffers, or more CTAs a multiprocessor, than the
+// mixed kernels' two of each. Each class's kernel holds kDecodeOnlyStages
+// 64-key K/V tile buffers (16-bit K/V; fp8 keeps its own ring), which its
+// warps ring through, and decode_only_ctas_per_sm CTAs a multiprocessor; the
+// planner aims its splits at that many. Head size 128 runs faster with three
+// buffers at two CTAs than with two at three (3.6 % on 64q1s4k, 8 % with fp8
+// K/V, H100); head size 64 runs 5 % slower at two CTAs, and three buffers of
+// its half-size tiles fit three.
 inline constexpr int kDecodeOnlyMaxClass = 128;
-inline constexpr int kDecodeOnlyCtasPerSm = 3;
+constexpr int decode_only_ctas_per_sm(int head_class) { return head_class <= 64 ? 3 : 2; }
+inline constexpr int kDecodeOnlyStages = 3;
 constexpr bool has_decode_only_kernel(int head_class) { return head_class > 0 && head_class <= kDecodeOnlyMaxClass; }
-// Prefill-only steps with 16-bit K/V run, on sm_90 (Hopper, the sm_90a
+// Prefill-only steps with 16-bit or per-tensor fp8 K/V run, on sm_90 (Hopper, the sm_90a
 // build), the warp-specialized warpgroup-MMA kernel of their head class: two
 // consumer warpgroups per 128-row pass and a producer, kWgmmaCtasPerSm CTAs
 // per multiprocessor.
