@@ -27,13 +27,19 @@ std::string& last_backend() {
   return name;
 }
 
+// A host copy of the elements of an integer tensor whose dtype is T's.
+template <typename T>
+std::vector<T> host_values(const TensorView& t) {
+  const std::vector<std::uint8_t> bytes = to_byte_vector(t);
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
 std::vector<std::int32_t> host_i32(const TensorView& t, std::string_view where, std::string_view name, int rank) {
   check_rank(t, where, name, rank);
   check_dtype(t, where, name, DType::I32);
-  const std::vector<std::uint8_t> bytes = to_byte_vector(t);
-  std::vector<std::int32_t> values(bytes.size() / sizeof(std::int32_t));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(std::int32_t));
-  return values;
+  return host_values<std::int32_t>(t);
 }
 
 // A per-KV-head descale as the kernels read it: [1] or [Hkv] f32 on the
@@ -83,16 +89,12 @@ MmPrefixCsr mm_prefix_csr(const TensorView& t, int num_reqs, std::string_view wh
   check_size(t, 2, where, name, kRangeWidth);
   check_arg(t.dtype() == DType::I32 || t.dtype() == DType::I64, where, "mm_prefix_range dtype",
             "int32 or int64", t.dtype());
-  const std::vector<std::uint8_t> bytes = to_byte_vector(t);
-  std::vector<std::int64_t> values(static_cast<std::size_t>(t.numel()));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    if (t.dtype() == DType::I32) {
-      std::int32_t x = 0;
-      std::memcpy(&x, bytes.data() + i * sizeof x, sizeof x);
-      values[i] = x;
-    } else {
-      std::memcpy(&values[i], bytes.data() + i * sizeof(std::int64_t), sizeof(std::int64_t));
-    }
+  std::vector<std::int64_t> values;
+  if (t.dtype() == DType::I32) {
+    const std::vector<std::int32_t> narrow = host_values<std::int32_t>(t);
+    values.assign(narrow.begin(), narrow.end());
+  } else {
+    values = host_values<std::int64_t>(t);
   }
   const auto per_req = static_cast<std::size_t>(t.size(1));
   MmPrefixCsr csr;

@@ -201,9 +201,8 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.block_table = plan->block_table;
   k.partial_out = plan->partial_out;
   k.partial_lse = plan->partial_lse;
-  const bool token_scaled = k.kv_dtype == DType::I8 || k.k_token_scale != nullptr;
-  k.kernel = choose_kernel(head_size_class(p.head_size), token_scaled, plan->decode_only, plan->prefill_only,
-                           plan->sm_version, plan->batch_invariant);
+  k.kernel = choose_kernel(head_size_class(p.head_size), checked.shape.token_head_scales, plan->decode_only,
+                           plan->prefill_only, plan->sm_version, plan->batch_invariant);
 
   cuda::DeviceGuard guard(device.index);
   const auto stream = static_cast<cudaStream_t>(cuda::current_stream());

@@ -101,10 +101,10 @@ int set_step_kind(const std::vector<Tile>& tiles, int head_size, WorkList& plan)
   const auto is_decode = [](const Tile& t) { return t.mode == TileMode::Decode; };
   plan.decode_only = std::all_of(tiles.begin(), tiles.end(), is_decode);
   plan.prefill_only = !tiles.empty() && std::none_of(tiles.begin(), tiles.end(), is_decode);
+  const int head_class = head_size_class(head_size);
   const bool decode_only_kernel =
-      choose_kernel(head_size_class(head_size), false, plan.decode_only, plan.prefill_only, 0) ==
-      KernelKind::DecodeOnly;
-  return decode_only_kernel ? decode_only_ctas_per_sm(head_size_class(head_size)) : kTargetCtasPerSm;
+      choose_kernel(head_class, false, plan.decode_only, plan.prefill_only, 0) == KernelKind::DecodeOnly;
+  return decode_only_kernel ? decode_only_ctas_per_sm(head_class) : kTargetCtasPerSm;
 }
 
 // Appends tile t's items: its keys in about `splits` chunks on the absolute

@@ -195,20 +195,25 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
       const PassTiles pt = pass_tiles<L::kTileKeys>(p, item, group, row0, rows);
       const KvRunWalker<L::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
                                                              my_ch, my_run, kKvElemBytes<kKv>);
+      // Waits until the consumers have released the previous tile of the
+      // buffer of the CTA's tile gt in the K or V ring (`empty`: its release
+      // barriers); a buffer's first tile waits for nothing.
+      const auto wait_released = [&](int gt, std::uint64_t* empty) {
+        if (gt >= L::kStages) mbarrier_wait(&empty[gt % L::kStages], (gt / L::kStages - 1) & 1);
+      };
       if constexpr (kKv == WgmmaKv::Bits16) {
         RunStart run = walker.locate(0);
         for (int t = 0; t < pt.steps; ++t) {
           const int gt = seq + t;
           const int buf = gt % L::kStages;
-          const int reuse_parity = (gt / L::kStages - 1) & 1;
           const int tile_off = buf * L::kTileBytes;
-          if (gt >= L::kStages) mbarrier_wait(&bars.k_empty[buf], reuse_parity);
+          wait_released(gt, bars.k_empty);
           walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char*) {
             cp_async_16(k_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), k_src,
                         valid);
           });
           cp_async_arrive(&bars.k_full[buf]);
-          if (gt >= L::kStages) mbarrier_wait(&bars.v_empty[buf], reuse_parity);
+          wait_released(gt, bars.v_empty);
           walker.walk(t, run, [&](int i, bool valid, const char*, const char* v_src) {
             cp_async_16(v_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), v_src,
                         valid);
@@ -245,10 +250,6 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
         };
         issue_raw(0, walker.locate(0));
         for (int t = 0; t < pt.steps; ++t) {
-          const int gt = seq + t;
-          const int buf = gt % L::kStages;
-          const int reuse_parity = (gt / L::kStages - 1) & 1;
-          const int tile_off = buf * L::kTileBytes;
           const bool ahead = R::kStages > 1 && t + 1 < pt.steps;
           if (ahead) {
             issue_raw(t + 1, walker.locate(t + 1));
@@ -256,9 +257,12 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           } else {
             cp_async_wait<0>();
           }
-          if (gt >= L::kStages) mbarrier_wait(&bars.k_empty[buf], reuse_parity);
+          const int gt = seq + t;
+          const int buf = gt % L::kStages;
+          const int tile_off = buf * L::kTileBytes;
+          wait_released(gt, bars.k_empty);
           convert(raw_tile(t), k_s + tile_off, &bars.k_full[buf]);
-          if (gt >= L::kStages) mbarrier_wait(&bars.v_empty[buf], reuse_parity);
+          wait_released(gt, bars.v_empty);
           convert(raw_tile(t) + R::kTileBytes, v_s + tile_off, &bars.v_full[buf]);
           if (!ahead && t + 1 < pt.steps) issue_raw(t + 1, walker.locate(t + 1));
         }
