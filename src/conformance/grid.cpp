@@ -79,13 +79,13 @@ std::vector<BatchSpec> make_batch_specs() {
       {"gqa_mixed", {{1, 100}, {4, 60}, {17, 80}}},
       // Long contexts past the split thresholds: CPU_ATTN splits requests of
       // at most 8 query tokens every 1536 keys (kSplitKeys, on and around the
-      // edges here; 9 tokens are not split); CUDA_FLASH splits from 256 keys
-      // up to 64 ways (kMinKeysPerSplit, kMaxSplits: 16384 keys), beyond which
+      // edges here; 9 tokens are not split); CUDA_FLASH splits from 512 keys
+      // up to 64 ways (kMinKeysPerSplit, kMaxSplits: 32768 keys), beyond which
       // its splits grow longer.
       {"split_edges", {{1, 1536}, {1, 1537}, {8, 3073}, {9, 1540}}},
       {"split_gqa", {{1, 1700}, {1, 1600}}},
       {"long_mixed", {{1, 4000}, {4, 3100}, {16, 1600}}},
-      {"long_decode", {{1, 17000}}},
+      {"long_decode", {{1, 33000}}},
   };
 }
 

@@ -167,7 +167,7 @@ void sort_heaviest_first(WorkList& plan, const PlanInputs& in) {
 int cascade_splits(const Tile& t, int chunk) { return std::clamp(ceil_div(t.keys(), chunk), 1, kMaxSplits); }
 
 // The key chunk a cascade plan cuts its tiles into (both passes' tiles in one
-// launch, of very different lengths): of the candidates kMinKeysPerSplit
+// launch, of very different lengths): of the candidates kMinCascadeChunkKeys
 // 2^k up to the longest tile, the one whose CTAs finish soonest when each
 // costs its tile's largest piece (waves of `slots` CTAs times that piece),
 // the largest of equals (fewer partials to merge). Keys stand for the cost:
@@ -175,9 +175,9 @@ int cascade_splits(const Tile& t, int chunk) { return std::clamp(ceil_div(t.keys
 int cascade_chunk_keys(const std::vector<Tile>& tiles, int num_kv_heads, std::int64_t slots) {
   int longest = 0;
   for (const Tile& t : tiles) longest = std::max(longest, t.keys());
-  int best_chunk = kMinKeysPerSplit;
+  int best_chunk = kMinCascadeChunkKeys;
   std::int64_t best_cost = -1;
-  for (int chunk = kMinKeysPerSplit;; chunk *= 2) {
+  for (int chunk = kMinCascadeChunkKeys;; chunk *= 2) {
     std::int64_t ctas = 0;
     int piece = 0;
     for (const Tile& t : tiles) {

@@ -17,9 +17,17 @@ namespace pagedattn::cuda_flash {
 // warps split the keys); longer ones as prefill items of
 // prefill_tokens_per_item(group) tokens.
 inline constexpr int kDecodeMaxTokens = 4;
-// Splits are at least this many keys, and at most kMaxSplits per item.
-inline constexpr int kMinKeysPerSplit = 256;
+// Splits are at least this many keys, and at most kMaxSplits per item. A
+// lone 8192-key decode runs in 16 splits, one CTA a multiprocessor, 18 % faster
+// on an H100 than in 32 of 256 keys, two a multiprocessor: every split pays
+// its prologue, its partial and its share of the merge
+// (docs/perf-log/cuda_flash.md).
+inline constexpr int kMinKeysPerSplit = 512;
 inline constexpr int kMaxSplits = 64;
+// A cascade plan's shortest key chunk (cascade_chunk_keys picks among its
+// powers of two): its prefix items hold 16 packed rows, so a short chunk
+// spreads a short prefix over a wave.
+inline constexpr int kMinCascadeChunkKeys = 256;
 // A batch of more than a wave of CTAs is split (at most kMaxWaveFillSplits
 // ways) only when that fills the last wave by at least kMinWaveFillGain of all
 // the waves' slots more: a split costs partial outputs and the merge.

@@ -363,7 +363,7 @@ TEST(FlashPlannerTest, CascadePlanOfTheBenchmarkStep) {
 TEST(FlashPlannerTest, SmallCascadeStepsSplitToFillOneWave) {
   const Batch b = Batch().add(1, 4096 + 512, 8);
   const WorkList p = cascade_plan(b, 4096);
-  for (const WorkItem& w : p.items) EXPECT_LE(w.kv_end - w.kv_begin, 2 * kMinKeysPerSplit);
+  for (const WorkItem& w : p.items) EXPECT_LE(w.kv_end - w.kv_begin, 2 * kMinCascadeChunkKeys);
   EXPECT_LE(static_cast<std::int64_t>(p.items.size()) * 8, kH200Sms * decode_only_ctas_per_sm(128));
   expect_cascade_cover(p, b, 4096);
 }
