@@ -21,7 +21,7 @@ inline constexpr int kDecodeMaxTokens = 4;
 // lone 8192-key decode runs in 16 splits, one CTA a multiprocessor, 18 % faster
 // on an H100 than in 32 of 256 keys, two a multiprocessor: every split pays
 // its prologue, its partial and its share of the merge
-// (docs/perf-log/cuda_flash.md).
+// (docs/perf-log/cuda_flash-issue-31.md).
 inline constexpr int kMinKeysPerSplit = 512;
 inline constexpr int kMaxSplits = 64;
 // A cascade plan's shortest key chunk (cascade_chunk_keys picks among its
