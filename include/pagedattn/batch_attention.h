@@ -109,7 +109,7 @@ class BatchAttention {
 
  private:
   struct Buffers;
-  void reserve(int num_reqs, int num_tokens, std::int64_t table_entries);
+  void reserve(int num_reqs, int num_tokens, std::int64_t table_entries, std::int64_t range_values);
 
   BatchAttentionOptions options_;
   const AttentionBackend* backend_ = nullptr;

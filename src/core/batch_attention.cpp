@@ -58,13 +58,17 @@ Tensor unit_scale(Device device) { return Tensor::from_floats(std::vector<float>
 }  // namespace
 
 // Host arrays and their device copies (the same tensors on the CPU), sized
-// for `capacity`; plans view their prefixes, so addresses stay put.
+// for `capacity`; plans view their prefixes, so addresses stay put. The
+// PrefixLM arrays exist with use_mm_prefix only.
 struct BatchAttention::Buffers {
   int reqs = 0;
   int tokens = 0;
   std::int64_t table = 0;
+  std::int64_t range_values = 0;
   Tensor query_start_loc_cpu, seq_lens_cpu, block_table_cpu, slot_mapping_cpu;
+  Tensor mm_prefix_range_start_loc_cpu, mm_prefix_ranges_cpu;
   Tensor query_start_loc, seq_lens, block_table, slot_mapping;
+  Tensor mm_prefix_range_start_loc, mm_prefix_ranges;
   Tensor slot_view;  // the last plan's [num_tokens] slots on the device
 };
 
@@ -121,13 +125,14 @@ BatchAttention::BatchAttention(BatchAttentionOptions options) : options_(std::mo
   buffers_ = std::make_unique<Buffers>();
   if (options_.max_num_reqs > 0) {
     reserve(options_.max_num_reqs, options_.max_num_tokens,
-            static_cast<std::int64_t>(options_.max_num_reqs) * options_.max_blocks_per_req);
+            static_cast<std::int64_t>(options_.max_num_reqs) * options_.max_blocks_per_req, 0);
   }
 }
 
 BatchAttention::~BatchAttention() = default;
 
-void BatchAttention::reserve(int num_reqs, int num_tokens, std::int64_t table_entries) {
+void BatchAttention::reserve(int num_reqs, int num_tokens, std::int64_t table_entries,
+                             std::int64_t range_values) {
   Buffers& b = *buffers_;
   const bool fixed = options_.max_num_reqs > 0;
   if (fixed && b.reqs > 0) {
@@ -137,25 +142,36 @@ void BatchAttention::reserve(int num_reqs, int num_tokens, std::int64_t table_en
               fmt::format("<= max_num_tokens ({})", b.tokens), num_tokens);
     check_arg(table_entries <= b.table, kPlanWhere, "block_table size",
               fmt::format("<= max_num_reqs * max_blocks_per_req ({})", b.table), table_entries);
-    return;
   }
-  if (num_reqs <= b.reqs && num_tokens <= b.tokens && table_entries <= b.table) return;
-  // Grown buffers at least double, so a growing stream of steps reallocates rarely.
-  const int reqs = std::max(num_reqs, fixed ? 0 : b.reqs * 2);
-  const int tokens = std::max(num_tokens, fixed ? 0 : b.tokens * 2);
-  const std::int64_t table = std::max(table_entries, fixed ? 0 : b.table * 2);
   const Device dev = options_.device;
   const auto pair = [&](Tensor& host, Tensor& device, std::int64_t n, DType t) {
     host = Tensor::empty({std::max<std::int64_t>(n, 1)}, t, Device::cpu());
     device = dev.is_cpu() ? host : Tensor::empty({std::max<std::int64_t>(n, 1)}, t, dev);
   };
-  pair(b.query_start_loc_cpu, b.query_start_loc, static_cast<std::int64_t>(reqs) + 1, DType::I32);
-  pair(b.seq_lens_cpu, b.seq_lens, reqs, DType::I32);
-  pair(b.block_table_cpu, b.block_table, table, DType::I32);
-  pair(b.slot_mapping_cpu, b.slot_mapping, tokens, DType::I64);
-  b.reqs = reqs;
-  b.tokens = tokens;
-  b.table = table;
+  if (num_reqs > b.reqs || num_tokens > b.tokens || table_entries > b.table) {
+    // Grown buffers at least double, so a growing stream of steps reallocates rarely.
+    const int reqs = std::max(num_reqs, fixed ? 0 : b.reqs * 2);
+    const int tokens = std::max(num_tokens, fixed ? 0 : b.tokens * 2);
+    const std::int64_t table = std::max(table_entries, fixed ? 0 : b.table * 2);
+    pair(b.query_start_loc_cpu, b.query_start_loc, static_cast<std::int64_t>(reqs) + 1, DType::I32);
+    if (options_.use_mm_prefix) {
+      pair(b.mm_prefix_range_start_loc_cpu, b.mm_prefix_range_start_loc, static_cast<std::int64_t>(reqs) + 1,
+           DType::I32);
+    }
+    pair(b.seq_lens_cpu, b.seq_lens, reqs, DType::I32);
+    pair(b.block_table_cpu, b.block_table, table, DType::I32);
+    pair(b.slot_mapping_cpu, b.slot_mapping, tokens, DType::I64);
+    b.reqs = reqs;
+    b.tokens = tokens;
+    b.table = table;
+  }
+  // No option bounds the number of ranges, so their arrays grow under fixed
+  // capacities too (backends take a plan's ranges from its host arrays).
+  if (options_.use_mm_prefix && (!b.mm_prefix_ranges_cpu.defined() || range_values > b.range_values)) {
+    const std::int64_t values = std::max(range_values, b.range_values * 2);
+    pair(b.mm_prefix_ranges_cpu, b.mm_prefix_ranges, values, DType::I32);
+    b.range_values = values;
+  }
 }
 
 void BatchAttention::plan(std::span<const std::int32_t> query_start_loc,
@@ -199,14 +215,28 @@ void BatchAttention::plan(std::span<const std::int32_t> query_start_loc,
     check_arg(options_.use_mm_prefix, kPlanWhere, "mm_prefix_ranges",
               "none for a BatchAttention without use_mm_prefix",
               fmt::format("{} values", mm_prefix_ranges.size()));
+    // The step-kind half of validate's range check holds by construction:
+    // use_mm_prefix is causal, and a plan is decoder self-attention, split
+    // into chunks (which refuses ranges) only after this.
+    check_mm_prefix_range_values(kPlanWhere, seq_lens, mm_prefix_range_start_loc, mm_prefix_ranges);
   }
   const int num_tokens = query_start_loc[static_cast<std::size_t>(num_reqs)];
-  reserve(num_reqs, num_tokens, table_entries);
+  const auto range_values = static_cast<std::int64_t>(mm_prefix_ranges.size());
+  reserve(num_reqs, num_tokens, table_entries, range_values);
 
+  // Every argument is checked: the buffers the last plan views are written
+  // from here, so that plan is unusable until the build succeeds.
+  planned_ = false;
   Buffers& b = *buffers_;
   std::copy(query_start_loc.begin(), query_start_loc.end(), b.query_start_loc_cpu.data_as<std::int32_t>());
   std::copy(seq_lens.begin(), seq_lens.end(), b.seq_lens_cpu.data_as<std::int32_t>());
   std::copy(block_table.begin(), block_table.end(), b.block_table_cpu.data_as<std::int32_t>());
+  if (has_ranges) {
+    std::copy(mm_prefix_range_start_loc.begin(), mm_prefix_range_start_loc.end(),
+              b.mm_prefix_range_start_loc_cpu.data_as<std::int32_t>());
+    std::copy(mm_prefix_ranges.begin(), mm_prefix_ranges.end(),
+              b.mm_prefix_ranges_cpu.data_as<std::int32_t>());
+  }
   auto* slots = b.slot_mapping_cpu.data_as<std::int64_t>();
   for (int r = 0; r < num_reqs; ++r) {
     const std::int32_t* row = block_table.data() + static_cast<std::int64_t>(r) * block_table_stride;
@@ -224,11 +254,22 @@ void BatchAttention::plan(std::span<const std::int32_t> query_start_loc,
   common.seq_lens = prefix(b.seq_lens, num_reqs);
   common.block_table = prefix(b.block_table, table_entries).view({num_reqs, block_table_stride});
   common.slot_mapping = prefix(b.slot_mapping, num_tokens);
+  if (has_ranges) {
+    const Dims ranges_shape{range_values / kMmPrefixRangeWidth, kMmPrefixRangeWidth};
+    common.mm_prefix_range_start_loc_cpu = prefix(b.mm_prefix_range_start_loc_cpu, num_reqs + 1);
+    common.mm_prefix_ranges_cpu = prefix(b.mm_prefix_ranges_cpu, range_values).view(ranges_shape);
+    common.mm_prefix_range_start_loc = prefix(b.mm_prefix_range_start_loc, num_reqs + 1);
+    common.mm_prefix_ranges = prefix(b.mm_prefix_ranges, range_values).view(ranges_shape);
+  }
   if (!options_.device.is_cpu()) {
     copy_tensor(common.query_start_loc, common.query_start_loc_cpu);
     copy_tensor(common.seq_lens, common.seq_lens_cpu);
     if (table_entries > 0) copy_tensor(common.block_table, common.block_table_cpu);
     if (num_tokens > 0) copy_tensor(common.slot_mapping, prefix(b.slot_mapping_cpu, num_tokens));
+    if (has_ranges) {
+      copy_tensor(common.mm_prefix_range_start_loc, common.mm_prefix_range_start_loc_cpu);
+      copy_tensor(common.mm_prefix_ranges, common.mm_prefix_ranges_cpu);
+    }
   }
   common.num_reqs = num_reqs;
   common.num_actual_tokens = num_tokens;
@@ -236,8 +277,6 @@ void BatchAttention::plan(std::span<const std::int32_t> query_start_loc,
   common.max_seq_len = max_seq_len;
   common.causal = options_.causal;
   common.block_size = bs;
-  planned_ = false;
-  if (has_ranges) assign_mm_prefix_ranges(kPlanWhere, common, mm_prefix_range_start_loc, mm_prefix_ranges);
   metadata_ = options_.attention_chunk_size
                   ? builder_->build(make_local_attention_virtual_batches(common, *options_.attention_chunk_size))
                   : builder_->build(common);

@@ -56,7 +56,8 @@ struct StepResult {
   Tensor key_cache;
 };
 
-StepResult run_step(const BatchAttentionOptions& o, std::uint32_t seed, Ranges ranges = {}) {
+// Runs `attn`'s last plan on a cache and step drawn from `seed`.
+StepResult run_planned(BatchAttention& attn, std::uint32_t seed) {
   test::NormalTensors random(seed);
   Tensor key_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
   Tensor value_cache = random({kNumBlocks, kBlockSize, kKvHeads, kHeadSize}, DType::F32);
@@ -64,10 +65,14 @@ StepResult run_step(const BatchAttentionOptions& o, std::uint32_t seed, Ranges r
   const Tensor k = random({kTokens, kKvHeads, kHeadSize}, DType::F32);
   const Tensor v = random({kTokens, kKvHeads, kHeadSize}, DType::F32);
   Tensor out = Tensor::zeros({kTokens, kHeads, kHeadSize}, DType::F32);
-  BatchAttention attn(o);
-  attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride, ranges.start_loc, ranges.ranges);
   attn.run(q, k, v, {key_cache, value_cache}, out);
   return {out, key_cache};
+}
+
+StepResult run_step(const BatchAttentionOptions& o, std::uint32_t seed, Ranges ranges = {}) {
+  BatchAttention attn(o);
+  attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride, ranges.start_loc, ranges.ranges);
+  return run_planned(attn, seed);
 }
 
 void expect_near(const Tensor& got_tensor, const Tensor& want_tensor) {
@@ -126,6 +131,31 @@ TEST(BatchAttentionTest, BadPrefixLmRangesAreRejected) {
   BatchAttentionOptions non_causal = mm_prefix_options("CPU_ATTN");
   non_causal.causal = false;
   test::expect_invalid([&] { BatchAttention unused(non_causal); }, "causal must be true with use_mm_prefix");
+}
+
+TEST(BatchAttentionTest, ReplansWithMoreRangesMatchReferenceAndABadPlanKeepsTheLastPlan) {
+  constexpr std::uint32_t kSeed = 5;
+  // No ranges, then one, then two: the wrapper's range arrays start empty and
+  // grow twice. Request 0's [5, 7) widens position 5 to key 6 only, unlike
+  // kRanges' [4, 8), so the last two plans' outputs differ.
+  const std::vector<std::int32_t> no_range_start_loc{0, 0, 0};
+  const std::vector<std::int32_t> one_range_start_loc{0, 1, 1};
+  const std::vector<std::int32_t> one_range{5, 7};
+  const Ranges plans[] = {
+      {no_range_start_loc, {}}, {one_range_start_loc, one_range}, {kRangeStartLoc, kRanges}};
+  BatchAttention attn(mm_prefix_options("CPU_ATTN"));
+  std::vector<Tensor> outs;
+  for (const Ranges& ranges : plans) {
+    attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride, ranges.start_loc, ranges.ranges);
+    outs.push_back(run_planned(attn, kSeed).out);
+    expect_near(outs.back(), run_step(mm_prefix_options("REFERENCE"), kSeed, ranges).out);
+  }
+  EXPECT_NE(to_float_vector(outs[1]), to_float_vector(outs[2]));
+  const std::vector<std::int32_t> past_the_sequence{4, 8, 2, 10};  // request 1 holds 9 tokens
+  test::expect_invalid(
+      [&] { attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride, kRangeStartLoc, past_the_sequence); },
+      "mm_prefix_ranges[1] (request 1)");
+  expect_near(run_planned(attn, kSeed).out, outs.back());
 }
 
 TEST(BatchAttentionTest, RunBeforePlanIsRejected) {

@@ -4,6 +4,7 @@
 #include <pagedattn/metadata.h>
 
 #include "core/mm_prefix.h"
+#include "core/step_tensors.h"
 
 #include <algorithm>
 #include <cstring>
@@ -19,11 +20,6 @@ namespace {
 constexpr std::int64_t kMaxTokens = std::numeric_limits<std::int32_t>::max();
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-std::span<const std::int32_t> host_i32(const Tensor& t) {
-  if (!t.defined()) return {};
-  return {static_cast<const std::int32_t*>(t.data()), static_cast<std::size_t>(t.numel())};
-}
 
 // The slot mapping lives on the compute device and may be strided: f(i,
 // slot) for each slot, read in place on the CPU (validation runs on every
@@ -45,20 +41,12 @@ void for_each_slot(const TensorView& slot_mapping, F&& f) {
   }
 }
 
-void check_tensor(std::string_view where, const Tensor& t, std::string_view name, DType dtype, int rank,
-                  Device device) {
-  check_arg(t.defined(), where, name, "a defined tensor", "an undefined tensor");
-  check_rank(t, where, name, rank);
-  check_dtype(t, where, name, dtype);
-  check_device(t, where, name, device);
-}
-
 // Host copies are read through spans: 1-D ones whole, the block table row by
 // row, so rows may be strided.
 void check_host_tensor(std::string_view where, const Tensor& t, std::string_view name, int rank) {
-  check_tensor(where, t, name, DType::I32, rank, Device::cpu());
+  check_step_tensor(where, t, name, DType::I32, rank, Device::cpu());
   if (rank == 1) {
-    if (!t.is_contiguous()) throw_invalid(where, name, "contiguous", t.describe());
+    check_contiguous(where, t, name);
   } else {
     check_last_dim_contiguous(t, where, name);
   }
@@ -211,6 +199,18 @@ void set_request_ranges(std::string_view where, CommonAttentionMetadata& md, std
 
 }  // namespace
 
+void check_step_tensor(std::string_view where, const Tensor& t, std::string_view name, DType dtype, int rank,
+                       Device device, std::string_view defined_expected) {
+  check_arg(t.defined(), where, name, defined_expected, "an undefined tensor");
+  check_rank(t, where, name, rank);
+  check_dtype(t, where, name, dtype);
+  check_device(t, where, name, device);
+}
+
+void check_contiguous(std::string_view where, const Tensor& t, std::string_view name) {
+  if (!t.is_contiguous()) throw_invalid(where, name, "contiguous", t.describe());
+}
+
 std::span<const std::int32_t> CommonAttentionMetadata::query_start_loc_host() const {
   return host_i32(query_start_loc_cpu);
 }
@@ -242,13 +242,13 @@ StepFacts CommonAttentionMetadata::validate(std::string_view where, std::int64_t
 
   check_arg(query_start_loc.defined(), where, "query_start_loc", "a defined tensor", "an undefined tensor");
   const Device dev = device();
-  check_tensor(where, query_start_loc, "query_start_loc", DType::I32, 1, dev);
+  check_step_tensor(where, query_start_loc, "query_start_loc", DType::I32, 1, dev);
   check_size(query_start_loc, 0, where, "query_start_loc", batch + 1);
-  check_tensor(where, seq_lens, "seq_lens", DType::I32, 1, dev);
+  check_step_tensor(where, seq_lens, "seq_lens", DType::I32, 1, dev);
   check_size(seq_lens, 0, where, "seq_lens", batch);
-  check_tensor(where, block_table, "block_table", DType::I32, 2, dev);
+  check_step_tensor(where, block_table, "block_table", DType::I32, 2, dev);
   check_size(block_table, 0, where, "block_table", batch);
-  check_tensor(where, slot_mapping, "slot_mapping", DType::I64, 1, dev);
+  check_step_tensor(where, slot_mapping, "slot_mapping", DType::I64, 1, dev);
   check_host_tensor(where, query_start_loc_cpu, "query_start_loc_cpu", 1);
   check_same_shape(where, query_start_loc_cpu, query_start_loc, "query_start_loc_cpu");
   check_host_tensor(where, seq_lens_cpu, "seq_lens_cpu", 1);
