@@ -45,6 +45,10 @@ void check_options(const BatchAttentionOptions& o) {
   }
   check_per_head(o.alibi_slopes, "alibi_slopes");
   check_per_head(o.sinks, "sinks");
+  check_arg(o.max_num_reqs >= 0, kWhere, "max_num_reqs", ">= 0 (0: no fixed capacity)", o.max_num_reqs);
+  check_arg(o.max_num_tokens >= 0, kWhere, "max_num_tokens", ">= 0 (0: no fixed capacity)", o.max_num_tokens);
+  check_arg(o.max_blocks_per_req >= 0, kWhere, "max_blocks_per_req", ">= 0 (0: no fixed capacity)",
+            o.max_blocks_per_req);
   const bool fixed = o.max_num_reqs > 0 || o.max_num_tokens > 0 || o.max_blocks_per_req > 0;
   if (fixed) {
     check_arg(o.max_num_reqs > 0 && o.max_num_tokens > 0 && o.max_blocks_per_req > 0, kWhere,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "testing/expect_error.h"
@@ -178,6 +179,20 @@ TEST(BatchAttentionTest, AStepPastTheFixedCapacityIsRejected) {
   o.max_blocks_per_req = 3;
   BatchAttention attn(o);
   test::expect_invalid([&] { attn.plan(kQueryStartLoc, kSeqLens, kBlockTable, kStride); }, "number of requests");
+}
+
+// A negative capacity is an error even when none is positive (found by
+// fuzz_batch_attention: 0 / 0 / -1 built an unbounded wrapper).
+TEST(BatchAttentionTest, NegativeFixedCapacitiesAreRejected) {
+  for (const auto& [reqs, tokens, blocks, name] :
+       {std::tuple{0, 0, -1, "max_blocks_per_req"}, std::tuple{-5, 0, 0, "max_num_reqs"},
+        std::tuple{0, -1, 0, "max_num_tokens"}, std::tuple{1, 1, -1, "max_blocks_per_req"}}) {
+    BatchAttentionOptions o = options("CPU_ATTN");
+    o.max_num_reqs = reqs;
+    o.max_num_tokens = tokens;
+    o.max_blocks_per_req = blocks;
+    test::expect_invalid([&] { BatchAttention unused(o); }, name);
+  }
 }
 
 TEST(BatchAttentionTest, ABlockIdPastTheCacheIsRejectedBeforeTheCacheIsWritten) {
