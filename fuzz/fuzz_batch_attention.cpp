@@ -787,15 +787,4 @@ void fuzz_one(FuzzedDataProvider& in) {
 }  // namespace
 }  // namespace pagedattn::fuzz
 
-// One pool thread: the fuzzer runs beside other work, and the bitwise
-// rerun check relies on CPU_ATTN's determinism claim, thread count aside.
-extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
-  setenv("PAGEDATTN_NUM_THREADS", "1", /*overwrite=*/0);
-  return 0;
-}
-
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  FuzzedDataProvider in(data, size);
-  pagedattn::fuzz::fuzz_one(in);
-  return 0;
-}
+PAGEDATTN_FUZZ_CPU_ATTN_TARGET(pagedattn::fuzz::fuzz_one)

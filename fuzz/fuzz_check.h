@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <pagedattn/error.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -51,3 +53,18 @@ inline void require_error(const Error& e, ErrorKind kind, std::string_view where
 }
 
 }  // namespace pagedattn::fuzz
+
+// The libFuzzer entry points of a target that runs CPU_ATTN, each input given
+// to fuzz_one(FuzzedDataProvider&): one pool thread, as the fuzzer runs beside
+// other work and the targets' bitwise checks rely on CPU_ATTN's results not
+// depending on the thread count.
+#define PAGEDATTN_FUZZ_CPU_ATTN_TARGET(fuzz_one)                                          \
+  extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {                  \
+    setenv("PAGEDATTN_NUM_THREADS", "1", /*overwrite=*/0);                                \
+    return 0;                                                                             \
+  }                                                                                       \
+  extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {     \
+    FuzzedDataProvider in(data, size);                                                    \
+    fuzz_one(in);                                                                         \
+    return 0;                                                                             \
+  }

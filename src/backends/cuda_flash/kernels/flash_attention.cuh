@@ -58,8 +58,9 @@ struct Shape {
   static constexpr int kDTiles = kD / 8;
   static constexpr int kChunks = kD / kChunkElems;
   static constexpr int kTileElems = kBlockN * kStride;  // one K or V tile
+  static constexpr int kKVStageBytes = 2 * kTileElems * 2;  // a 16-bit K and V tile
   static constexpr int kKVBytes =
-      kFp8 ? kRawStages * (2 * kRawTileBytes + kScaleStageFloats * 4) : kStages * 2 * kTileElems * 2;
+      kFp8 ? kRawStages * (2 * kRawTileBytes + kScaleStageFloats * 4) : kStages * kKVStageBytes;
   // Each thread copies one fixed 8-element column (tid % kChunks) of a run of
   // kKeysPerThread consecutive keys of a tile (run tid / kChunks).
   static constexpr int kKeysPerThread = kBlockN * kChunks / kThreads;
@@ -79,7 +80,7 @@ struct SmemLayout {
   // K/V buffers a decode pass's warps ring through (run_pass): the 16-bit
   // decode-only kernels hold kDecodeOnlyStages 64-key tiles.
   static constexpr int kDecodeRing = kFp8 ? S::kRawStages : (kDecodeOnly ? kDecodeOnlyStages : S::kStages);
-  static constexpr int kKVBytes = kDecodeOnly && !kFp8 ? kDecodeOnlyStages * 2 * S::kTileElems * 2 : S::kKVBytes;
+  static constexpr int kKVBytes = kDecodeOnly && !kFp8 ? kDecodeOnlyStages * S::kKVStageBytes : S::kKVBytes;
   static constexpr int kQRows = kDecodeOnly ? kDecodeRows : S::kPassRows;
   static constexpr int kStageRows = kDecodeOnly ? kWarps * kMmaRows : S::kPassRows;
   static_assert(S::kPassRows >= kWarps * kMmaRows, "a prefill pass's stage holds every warp's decode rows");
@@ -154,27 +155,6 @@ __device__ __forceinline__ int q_fragment_word(int r, int d) {
   const int lane = (rr % 8) * 4 + within / 4;
   const int word = ((within % 4) / 2) * 2 + rr / 8;
   return ((tile * (kHC / 16) + d / 16) * 32 + lane) * 4 + word;
-}
-
-// How the cache stores K/V. The 8-bit format is a template parameter: chosen
-// at run time inside the key loop, the compiler ran both conversions and
-// selected, which cost a quarter of the fp8 decode's instructions. I8 is
-// always per-token-head; E4M3 is when FlashParams::k_token_scale is set (a
-// uniform branch per tile, no instantiation of its own).
-enum class KvStore { Bits16, E4M3, E5M2, I8 };
-
-template <KvStore kKv>
-inline constexpr bool kIsFp8 = kKv != KvStore::Bits16;
-
-// Four 8-bit K/V values (bytes 0..3 of w) -> two f16x2 words: bytes (0, 1)
-// -> lo, bytes (2, 3) -> hi; exact.
-template <KvStore kKv>
-__device__ __forceinline__ void kv8x4_to_f16x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
-  if constexpr (kKv == KvStore::I8) {
-    i8x4_to_f16x2(w, lo, hi);
-  } else {
-    fp8x4_to_f16x2<kKv == KvStore::E5M2 ? __NV_E5M2 : __NV_E4M3>(w, lo, hi);
-  }
 }
 
 // Multiplies a warp's scores by their keys' per-token-head scales (`scales`:

@@ -28,6 +28,27 @@ struct PassRange {
   int kv_hi;
 };
 
+// How the cache stores K/V. The 8-bit format is a template parameter: chosen
+// at run time inside the key loop, the compiler ran both conversions and
+// selected, which cost a quarter of the fp8 decode's instructions. I8 is
+// always per-token-head; E4M3 is when FlashParams::k_token_scale is set (a
+// uniform branch per tile, no instantiation of its own).
+enum class KvStore { Bits16, E4M3, E5M2, I8 };
+
+template <KvStore kKv>
+inline constexpr bool kIsFp8 = kKv != KvStore::Bits16;
+
+// Four 8-bit K/V values (bytes 0..3 of w) -> two f16x2 words: bytes (0, 1)
+// -> lo, bytes (2, 3) -> hi; exact.
+template <KvStore kKv>
+__device__ __forceinline__ void kv8x4_to_f16x2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
+  if constexpr (kKv == KvStore::I8) {
+    i8x4_to_f16x2(w, lo, hi);
+  } else {
+    fp8x4_to_f16x2<kKv == KvStore::E5M2 ? __NV_E5M2 : __NV_E4M3>(w, lo, hi);
+  }
+}
+
 // Keys any row of pass rows [row0, row0 + rows) of an item can see, within
 // the item's keys: a pass inside a PrefixLM range reaches past its diagonal
 // to the range's end (visible_keys_of_rows).

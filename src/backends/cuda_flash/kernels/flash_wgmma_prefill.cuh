@@ -108,19 +108,17 @@ struct WgmmaBarriers {
   std::uint64_t* v_empty;  // [kStages]
 };
 
-// How the cache stores K/V for this kernel.
-enum class WgmmaKv { Bits16, E4M3, E5M2 };
-
-template <WgmmaKv kKv>
-inline constexpr std::int64_t kKvElemBytes = kKv == WgmmaKv::Bits16 ? 2 : 1;
+// The K/V storage this kernel takes: Bits16, E4M3 or E5M2 (KvStore; per
+// tensor or KV head scales only, never I8).
+template <KvStore kKv>
+inline constexpr std::int64_t kKvElemBytes = kIsFp8<kKv> ? 1 : 2;
 
 // Eight fp8 values (an 8-byte chunk) -> eight T (16 bytes), exact.
-template <typename T, WgmmaKv kKv>
+template <typename T, KvStore kKv>
 __device__ __forceinline__ uint4 fp8x8_to(uint2 raw) {
-  constexpr __nv_fp8_interpretation_t kKind = kKv == WgmmaKv::E5M2 ? __NV_E5M2 : __NV_E4M3;
   std::uint32_t w[4];
-  fp8x4_to_f16x2<kKind>(raw.x, w[0], w[1]);
-  fp8x4_to_f16x2<kKind>(raw.y, w[2], w[3]);
+  kv8x4_to_f16x2<kKv>(raw.x, w[0], w[1]);
+  kv8x4_to_f16x2<kKv>(raw.y, w[2], w[3]);
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
 #pragma unroll
     for (std::uint32_t& x : w) {
@@ -134,9 +132,9 @@ __device__ __forceinline__ uint4 fp8x8_to(uint2 raw) {
 }
 
 // The per-tensor (or per-KV-head) fp8 scale of `scales` for `kv_head`; 1 for 16-bit K/V.
-template <WgmmaKv kKv>
+template <KvStore kKv>
 __device__ __forceinline__ float kv_tensor_scale(const FlashParams& p, const float* scales, int kv_head) {
-  if constexpr (kKv == WgmmaKv::Bits16) {
+  if constexpr (kKv == KvStore::Bits16) {
     return 1.0f;
   } else {
     return scales[kv_head * p.kv_scale_stride];
@@ -171,7 +169,7 @@ __device__ __forceinline__ void for_each_pass(const WorkItem& item, int group, F
 // the queries into the Q buffer once the previous pass has released it, then
 // each tile's K and V into their buffers once released. Every thread arrives
 // on a `full` barrier when its own copies land (cp.async's mbarrier arrive).
-template <int kHC, typename T, WgmmaKv kKv>
+template <int kHC, typename T, KvStore kKv>
 __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
                               unsigned char* raw_s, const WgmmaBarriers& bars) {
   using L = WgmmaLayout<kHC>;
@@ -201,7 +199,7 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
       const auto wait_released = [&](int gt, std::uint64_t* empty) {
         if (gt >= L::kStages) mbarrier_wait(&empty[gt % L::kStages], (gt / L::kStages - 1) & 1);
       };
-      if constexpr (kKv == WgmmaKv::Bits16) {
+      if constexpr (kKv == KvStore::Bits16) {
         RunStart run = walker.locate(0);
         for (int t = 0; t < pt.steps; ++t) {
           const int gt = seq + t;
@@ -327,7 +325,7 @@ __device__ __forceinline__ void wgmma_store_rows(const FlashParams& p, const Wor
 // two warpgroups take turns to issue their MMAs (named barriers), so each
 // one's softmax runs under the other's MMAs. K of tile t is released as soon
 // as S of t has retired, V after P V; the queries after the pass's last S.
-template <int kHC, typename T, WgmmaKv kKv>
+template <int kHC, typename T, KvStore kKv>
 __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned char* q_s, unsigned char* k_s, unsigned char* v_s,
                               const WgmmaBarriers& bars) {
   using L = WgmmaLayout<kHC>;
@@ -467,7 +465,7 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
   });
 }
 
-template <int kHC, typename T, WgmmaKv kKv>
+template <int kHC, typename T, KvStore kKv>
 __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_kernel(const FlashParams p) {
 #if PAGEDATTN_WGMMA_ENABLED
   using L = WgmmaLayout<kHC>;
@@ -480,7 +478,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
   unsigned char* k_s = q_s + L::kQBytes;
   unsigned char* v_s = k_s + L::kKBytes;
   unsigned char* raw_s = v_s + L::kKBytes;
-  auto* bar = reinterpret_cast<std::uint64_t*>(raw_s + WgmmaRawRing<kHC, kKv != WgmmaKv::Bits16>::kBytes);
+  auto* bar = reinterpret_cast<std::uint64_t*>(raw_s + WgmmaRawRing<kHC, kIsFp8<kKv>>::kBytes);
   const WgmmaBarriers bars{bar, bar + 1, bar + 2, bar + 2 + L::kStages, bar + 2 + 2 * L::kStages,
                            bar + 2 + 3 * L::kStages};
   if (threadIdx.x == 0) {
@@ -506,10 +504,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, kWgmmaCtasPerSm) wgmma_prefill_
 #endif
 }
 
-template <int kHC, typename T, WgmmaKv kKv>
+template <int kHC, typename T, KvStore kKv>
 int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
   static std::atomic<std::uint64_t> configured{0};
-  constexpr int kSmem = WgmmaLayout<kHC>::kSmemBytes + WgmmaRawRing<kHC, kKv != WgmmaKv::Bits16>::kBytes;
+  constexpr int kSmem = WgmmaLayout<kHC>::kSmemBytes + WgmmaRawRing<kHC, kIsFp8<kKv>>::kBytes;
   static_assert(kSmem <= kSm90MaxSmemBytes, "the CTA's shared memory fits an sm_90 multiprocessor");
   return launch_over_items(wgmma_prefill_kernel<kHC, T, kKv>, kWgmmaThreads, kSmem, configured, p, stream,
                            p.num_sms * kWgmmaCtasPerSm);
@@ -518,10 +516,10 @@ int launch_wgmma_kernel(const FlashParams& p, cudaStream_t stream) {
 // The kernel of class kHC for the queries' dtype and the cache's storage.
 template <int kHC, typename T>
 int launch_wgmma_kv(const FlashParams& p, cudaStream_t stream) {
-  if (p.kv_dtype == DType::FP8_E4M3) return launch_wgmma_kernel<kHC, T, WgmmaKv::E4M3>(p, stream);
-  if (p.kv_dtype == DType::FP8_E5M2) return launch_wgmma_kernel<kHC, T, WgmmaKv::E5M2>(p, stream);
+  if (p.kv_dtype == DType::FP8_E4M3) return launch_wgmma_kernel<kHC, T, KvStore::E4M3>(p, stream);
+  if (p.kv_dtype == DType::FP8_E5M2) return launch_wgmma_kernel<kHC, T, KvStore::E5M2>(p, stream);
   if (p.kv_dtype == DType::BF16 || p.kv_dtype == DType::F16) {
-    return launch_wgmma_kernel<kHC, T, WgmmaKv::Bits16>(p, stream);
+    return launch_wgmma_kernel<kHC, T, KvStore::Bits16>(p, stream);
   }
   return kLaunchUnsupportedDType;
 }
