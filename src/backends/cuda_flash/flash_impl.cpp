@@ -13,6 +13,7 @@
 
 #include "cuda/cuda_runtime.h"
 #include "flash_metadata.h"
+#include "flash_planner.h"
 #include "kernels/flash_params.h"
 
 namespace pagedattn::cuda_flash {
@@ -208,11 +209,10 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   const auto stream = static_cast<cudaStream_t>(cuda::current_stream());
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cuda::check_cuda(cudaStreamIsCapturing(stream, &capture), kForwardWhere);
-  // A captured step is replayed with later plans: keep at least one CTA of
-  // each kernel in the graph (the kernels read the real counts on the device).
+  // A captured step is replayed with later plans (launch_item_slots).
   const bool capturing = capture != cudaStreamCaptureStatusNone;
-  k.grid_items = std::max(plan->num_items, capturing ? 1 : 0);
-  k.grid_combine = std::max(plan->num_combine, capturing ? 1 : 0);
+  k.grid_items = launch_item_slots(plan->num_items, p.num_kv_heads, plan->num_sms, kCaptureCtasPerSm, capturing);
+  k.grid_combine = launch_item_slots(plan->num_combine, p.num_kv_heads, plan->num_sms, kCaptureCtasPerSm, capturing);
   k.num_sms = plan->num_sms;
 
   const int status = launch_flash_attention(k, p.dtype, k.grid_combine > 0, stream);

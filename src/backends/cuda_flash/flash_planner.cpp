@@ -58,6 +58,12 @@ int invariant_num_splits(int kv_len) {
   return std::clamp(ceil_div(std::max(kv_len, 0), kInvariantSplitKeys), 1, kMaxSplits);
 }
 
+int launch_item_slots(int count, int num_kv_heads, int num_sms, int ctas_per_sm, bool capturing) {
+  if (!capturing) return count;
+  const std::int64_t wave = static_cast<std::int64_t>(std::max(num_sms, 1)) * std::max(ctas_per_sm, 1);
+  return std::max(count, ceil_div(wave, std::max(num_kv_heads, 1)));
+}
+
 namespace {
 
 // A run of one request's query tokens over its keys [kv_begin, kv_end),

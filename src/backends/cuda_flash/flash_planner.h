@@ -108,6 +108,20 @@ int choose_num_splits(std::int64_t base_ctas, int kv_len, int num_sms, int ctas_
 // Split count of a batch-invariant plan's decode item over `kv_len` keys.
 int invariant_num_splits(int kv_len);
 
+// Item slots of a launch's grid for a plan of `count` items (or combine
+// items), num_kv_heads CTAs each. A step captured in a CUDA graph is replayed
+// with later plans, whose kernels read their counts on the device and stride
+// over the recorded grid: captured with fewer slots than a wave of
+// `ctas_per_sm` CTAs a multiprocessor, a later plan with more items (longer
+// contexts split more) would run only as wide as the captured one. So a
+// capture records at least a wave; the extra CTAs find no item and exit.
+int launch_item_slots(int count, int num_kv_heads, int num_sms, int ctas_per_sm, bool capturing);
+// The wave a capture records: one CTA a multiprocessor. With a wave of two, a
+// lone decode captured on its own plan (1q1s8k: 16 splits x 8 heads of 264
+// CTAs) ran 20 % slower, its working CTAs sharing multiprocessors two by two
+// (docs/perf-log/cuda_flash-issue-31.md).
+inline constexpr int kCaptureCtasPerSm = 1;
+
 // Entries each workspace region holds.
 struct WorkspaceEntries {
   std::size_t items = 0;

@@ -405,5 +405,17 @@ TEST(FlashPlannerTest, WorkspaceLayoutIsAlignedAndOrdered) {
   EXPECT_GE(l.total_bytes, l.partial_lse + 5 * 16 * sizeof(float));
 }
 
+// A capture records at least a wave of item slots (later plans of more items
+// stride over them); outside a capture, the plan's own count.
+TEST(FlashPlannerTest, CapturedLaunchesHoldAWave) {
+  EXPECT_EQ(launch_item_slots(16, 8, kH200Sms, kCaptureCtasPerSm, false), 16);
+  EXPECT_EQ(launch_item_slots(0, 8, kH200Sms, kCaptureCtasPerSm, false), 0);
+  EXPECT_EQ(launch_item_slots(0, 8, kH200Sms, kCaptureCtasPerSm, true), 17);  // 136 CTAs of 8 heads
+  EXPECT_EQ(launch_item_slots(16, 8, kH200Sms, kCaptureCtasPerSm, true), 17);
+  EXPECT_EQ(launch_item_slots(512, 8, kH200Sms, kCaptureCtasPerSm, true), 512);
+  EXPECT_EQ(launch_item_slots(1, 3, kH200Sms, kCaptureCtasPerSm, true), 44);  // 132 CTAs of 3 heads
+  EXPECT_EQ(launch_item_slots(1, 8, kH200Sms, 2, true), 33);                  // a wave of two: 264 CTAs
+}
+
 }  // namespace
 }  // namespace pagedattn::cuda_flash
