@@ -240,6 +240,7 @@ StepFacts CommonAttentionMetadata::validate(std::string_view where, std::int64_t
   if (num_blocks < 0) fail("num_blocks", ">= 0", std::to_string(num_blocks));
   const std::int64_t batch = num_reqs;
 
+  // device() reads query_start_loc's device: checked defined first.
   check_arg(query_start_loc.defined(), where, "query_start_loc", "a defined tensor", "an undefined tensor");
   const Device dev = device();
   check_step_tensor(where, query_start_loc, "query_start_loc", DType::I32, 1, dev);

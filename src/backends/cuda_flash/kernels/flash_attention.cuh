@@ -264,7 +264,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   const int warp_pos_hi = item.position_begin + (row0 + row_base + kWarpRows - 1) / group;
   // Per-token-head caches scale each key in the key loop instead.
   const bool token_scaled = kKv == KvStore::I8 || (kFp8 && p.k_token_scale != nullptr);
-  const float k_scale = kFp8 && !token_scaled ? p.k_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  const float k_scale = token_scaled ? 1.0f : kv_tensor_scale<kKv>(p, p.k_scale, kv_head);
   const float qk_scale = ldexpf(p.variant.scale * k_scale, q_shift);
   const float qk_scale_log2 = qk_scale * kLog2e;
 
@@ -575,7 +575,7 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     }
   }
   __syncthreads();
-  const float v_scale = kFp8 && !token_scaled ? p.v_scale[kv_head * p.kv_scale_stride] : 1.0f;
+  const float v_scale = token_scaled ? 1.0f : kv_tensor_scale<kKv>(p, p.v_scale, kv_head);
   write_pass_output<kHC, TIO, kDecode, kThreads>(p, item, kv_head, group, row0, rows, sm.stage, sm.ml, v_scale);
 }
 

@@ -49,6 +49,18 @@ __device__ __forceinline__ void kv8x4_to_f16x2(std::uint32_t w, std::uint32_t& l
   }
 }
 
+// The per-tensor (or per-KV-head) scale of `scales` for `kv_head` (FlashParams::k_scale or
+// v_scale) of an 8-bit cache; 1 for 16-bit K/V. A per-token-head cache scales
+// each key instead and does not call it.
+template <KvStore kKv>
+__device__ __forceinline__ float kv_tensor_scale(const FlashParams& p, const float* scales, int kv_head) {
+  if constexpr (kIsFp8<kKv>) {
+    return scales[kv_head * p.kv_scale_stride];
+  } else {
+    return 1.0f;
+  }
+}
+
 // Keys any row of pass rows [row0, row0 + rows) of an item can see, within
 // the item's keys: a pass inside a PrefixLM range reaches past its diagonal
 // to the range's end (visible_keys_of_rows).

@@ -131,16 +131,6 @@ __device__ __forceinline__ uint4 fp8x8_to(uint2 raw) {
   return {w[0], w[1], w[2], w[3]};
 }
 
-// The per-tensor (or per-KV-head) fp8 scale of `scales` for `kv_head`; 1 for 16-bit K/V.
-template <KvStore kKv>
-__device__ __forceinline__ float kv_tensor_scale(const FlashParams& p, const float* scales, int kv_head) {
-  if constexpr (kKv == KvStore::Bits16) {
-    return 1.0f;
-  } else {
-    return scales[kv_head * p.kv_scale_stride];
-  }
-}
-
 // What producer and consumers both derive from a pass: its key range and tiles.
 struct PassTiles {
   PassRange range;
