@@ -201,9 +201,10 @@ class Attention {
   KVCacheLayout kv_cache_layout() const { return kv_cache_layout_; }
   bool has_sink() const { return has_sink_; }
   bool calculate_kv_scales() const { return calculate_kv_scales_; }
-  // True when the impl takes fp8 queries (fp8 cache and
-  // impl.supports_quant_query_input()); such an impl quantizes the query
-  // itself with quant_state().q_scale.
+  // True when the impl takes fp8 queries (quantizes_query_for(cache dtype,
+  // attn type) and impl.supports_quant_query_input()); the layer then sets
+  // quant_state().quantize_query, and the impl quantizes the query itself
+  // with quant_state().q_scale.
   bool quantizes_query() const { return quantizes_query_; }
   const std::optional<std::string>& kv_sharing_target_layer_name() const { return kv_sharing_target_; }
   const LayerQuantState& quant_state() const { return quant_; }

@@ -37,6 +37,14 @@ std::optional<CacheDType> parse_cache_dtype(std::string_view name);
 // Every CacheDType, in declaration order.
 std::vector<CacheDType> all_cache_dtypes();
 bool is_quantized_kv_cache(CacheDType t);
+// Whether a layer hands an impl that supports_quant_query_input() queries to
+// quantize: with an fp8 or fp8_e4m3 (per tensor) cache, when the attention
+// reads the cache. vLLM's layer quantizes only for these dtypes (it asserts
+// e4m3 and skips per-token-head caches); encoder attention, which reads its
+// 16-bit key/value rows instead, keeps its queries (vLLM rejects quantized
+// caches there). The impl stores q8 = sat_e4m3(q / q_scale), the cache's
+// rounding, and scales the scores by q_scale as it does by k_scale.
+bool quantizes_query_for(CacheDType cache, AttentionType attn_type);
 // Element type stored in the cache: auto -> the model dtype, fp8 -> FP8_E4M3,
 // int8_per_token_head -> I8, fp8_per_token_head -> FP8_E4M3, ...
 DType kv_cache_storage_dtype(CacheDType t, DType model_dtype);
@@ -81,6 +89,10 @@ struct SelectorConfig {
 
 // Quantization state a layer exposes to its impl (vLLM's AttentionLayer protocol).
 struct LayerQuantState {
+  // Set by a layer whose quantizes_query() holds: the impl rounds the query
+  // to e4m3 with q_scale (quantizes_query_for). An impl that does not
+  // supports_quant_query_input() refuses it.
+  bool quantize_query = false;
   Tensor q_scale;  // [1] f32
   Tensor k_scale;  // [1] or [num_kv_heads] f32 (per-tensor or per-KV-head)
   Tensor v_scale;  // same shape as k_scale

@@ -3,6 +3,7 @@
 // on one ConformanceCase and checks what docs/testing.md lists: poisoned outputs,
 // guard rows, padded rows, untouched cache outside the written slots, LSE,
 // tolerance against the dense oracle, and bitwise determinism.
+#include <pagedattn/backend/scalar.h>
 #include <pagedattn/cascade.h>
 #include <pagedattn/conformance.h>
 #include <pagedattn/error.h>
@@ -48,6 +49,10 @@ using conformance::validate_case;
 constexpr int kPaddingTokens = 3;         // q/k/v/output rows past num_actual_tokens in padded cases
 constexpr int kPaddingSlots = 1;          // -1 entries the slot mapping gets: shorter than key
 constexpr float kFp8AmaxDivisor = 64.0f;  // fp8 scale = amax / 64 (vLLM's test_cache)
+// The layer's q_scale in every case: impls that quantize the query to e4m3
+// divide by it (quantizes_query_for); not a power of two, so that division
+// rounds, and small enough that N(0, 1) queries use e4m3's range.
+constexpr float kFp8QueryScale = 0.02f;
 constexpr double kMaxSink = 5.0;          // sinks ~ U[0, 5) (vLLM's rand * 5)
 constexpr int kSecondStepQueryLen = 1;    // cross-attention: decode step reading the cached encoder K/V
 constexpr std::string_view kLayerName = "conformance.attn";
@@ -172,7 +177,9 @@ void CaseRun::make_scales() {
   k_scale_ = fp8 ? scales(keys_) : std::vector<float>{1.0f};
   v_scale_ = fp8 ? scales(values_) : std::vector<float>{1.0f};
   const std::vector<float> one{1.0f};
-  layer_.q_scale = Tensor::from_floats(one, {1}, DType::F32, device_);
+  const std::vector<float> q_scale{kFp8QueryScale};
+  layer_.q_scale = Tensor::from_floats(q_scale, {1}, DType::F32, device_);
+  layer_.q_scale_float = kFp8QueryScale;
   layer_.prob_scale = Tensor::from_floats(one, {1}, DType::F32, device_);
   layer_.k_scale = Tensor::from_floats(k_scale_, {std::ssize(k_scale_)}, DType::F32, device_);
   layer_.v_scale = Tensor::from_floats(v_scale_, {std::ssize(v_scale_)}, DType::F32, device_);
@@ -302,6 +309,9 @@ std::optional<std::string> CaseRun::prepare_and_run(Step& step, bool first_step)
     const auto qb =
         q_host.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(first_token) * q_row);
     rq.query.assign(qb, qb + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(q_len) * q_row));
+    if (layer_.quantize_query) {  // the impl reads e4m3 queries: so does the oracle
+      for (float& x : rq.query) x = fp8_query_round_trip(x, kFp8QueryScale);
+    }
     rq.key = read_keys_[r];
     rq.value = read_values_[r];
     rq.mm_prefix_ranges = mm_prefix_ranges(r);
@@ -452,6 +462,9 @@ CaseResult CaseRun::run() {
   }
 
   impl_ = backend_.make_impl(params_);
+  // As an Attention layer sets it (Attention::quantizes_query).
+  layer_.quantize_query =
+      impl_->supports_quant_query_input() && quantizes_query_for(c_.kv_cache_dtype, c_.attn_type);
   BuilderParams builder_params;
   builder_params.block_size = c_.block_size;
   builder_params.num_kv_heads = c_.num_kv_heads;

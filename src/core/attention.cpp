@@ -301,7 +301,8 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
       backend_->name());
   impl_ = backend_->make_impl(params);
   check_arg(impl_ != nullptr, where, "attn_backend impl", "an impl", "null");
-  quantizes_query_ = is_quantized_kv_cache(kv_cache_dtype_) && impl_->supports_quant_query_input();
+  quantizes_query_ = quantizes_query_for(kv_cache_dtype_, attn_type_) && impl_->supports_quant_query_input();
+  quant_.quantize_query = quantizes_query_;
 
   const auto engines = static_cast<std::size_t>(model.pipeline_parallel_size());
   kv_cache_.assign(engines, Tensor{});

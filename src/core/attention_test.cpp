@@ -2,6 +2,7 @@
 // quantization, backend choice) and the model's metadata builder. Forward
 // and end-to-end runs have their own files (attention_*_test.cpp).
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 #include <pagedattn/attention.h>
 
 #include <string>
@@ -245,6 +246,32 @@ TEST(AttentionCtor, QuantConfig) {
               CacheDType::Fp8);
       },
       "quant_config.k_scale[0] must be a positive finite number, got -1");
+}
+
+// vLLM's layer quantizes the query for fp8 / fp8_e4m3 caches when the impl
+// takes fp8 queries; never for e5m2 or per-token-head caches, never for an
+// impl without the support, and not for attention that does not read the
+// cache.
+TEST(AttentionCtor, QuantizesTheQueryForE4m3PerTensorCachesOfAnImplThatTakesThem) {
+  const FakeBackend takes({.quant_query_input = true});
+  const FakeBackend plain;
+  ModelContext model(f32_model());
+  int n = 0;
+  for (const CacheDType dtype : all_cache_dtypes()) {
+    if (dtype == CacheDType::Float16 || dtype == CacheDType::BFloat16) continue;  // not an f32 model's cache
+    const bool e4m3_per_tensor = dtype == CacheDType::Fp8 || dtype == CacheDType::Fp8E4M3;
+    EXPECT_EQ(quantizes_query_for(dtype, AttentionType::Decoder), e4m3_per_tensor) << cache_dtype_name(dtype);
+    EXPECT_EQ(quantizes_query_for(dtype, AttentionType::EncoderDecoder), e4m3_per_tensor) << cache_dtype_name(dtype);
+    EXPECT_FALSE(quantizes_query_for(dtype, AttentionType::Encoder)) << cache_dtype_name(dtype);
+    EXPECT_FALSE(quantizes_query_for(dtype, AttentionType::EncoderOnly)) << cache_dtype_name(dtype);
+    for (const FakeBackend* backend : {&takes, &plain}) {
+      AttentionOptions o = options_for(fmt::format("layers.{}.attn", n++), *backend);
+      o.cache_config->cache_dtype = dtype;
+      const Attention layer(model, kHeads, kHeadSize, kScale, o);
+      EXPECT_EQ(layer.quantizes_query(), e4m3_per_tensor && backend == &takes) << cache_dtype_name(dtype);
+      EXPECT_EQ(layer.quant_state().quantize_query, layer.quantizes_query()) << cache_dtype_name(dtype);
+    }
+  }
 }
 
 TEST(AttentionCtor, ExplicitBackendMustFit) {

@@ -30,7 +30,8 @@ inline constexpr float kScale = 0.25f;
 // records what the layer handed it.
 class FakeImpl final : public AttentionImpl {
  public:
-  using AttentionImpl::AttentionImpl;
+  FakeImpl(const AttentionImplParams& params, bool quant_query_input)
+      : AttentionImpl(params), quant_query_input_(quant_query_input) {}
 
   // Rejects what a real impl rejects about the metadata: ids past the cache.
   void check_forward(const LayerQuantState&, const TensorView&, const TensorView&, const TensorView&,
@@ -57,6 +58,7 @@ class FakeImpl final : public AttentionImpl {
   }
 
   void process_weights_after_loading(DType act_dtype) override { processed_dtype = act_dtype; }
+  bool supports_quant_query_input() const override { return quant_query_input_; }
   std::string_view class_name() const override { return "FakeAttentionImpl"; }
 
   int forward_calls = 0;
@@ -64,6 +66,9 @@ class FakeImpl final : public AttentionImpl {
   const void* last_kv_key = nullptr;
   const BackendMetadata* last_metadata = nullptr;
   std::optional<DType> processed_dtype;
+
+ private:
+  bool quant_query_input_;
 };
 
 class FakeBuilder final : public AttentionMetadataBuilder {
@@ -85,6 +90,7 @@ struct FakeFeatures {
   bool writes_in_forward = false;
   bool returns_lse = true;
   bool supported = true;
+  bool quant_query_input = false;  // the impl's supports_quant_query_input()
 };
 
 class FakeBackend final : public AttentionBackend {
@@ -107,7 +113,7 @@ class FakeBackend final : public AttentionBackend {
     return plan;
   }
   std::unique_ptr<AttentionImpl> make_impl(const AttentionImplParams& params) const override {
-    return std::make_unique<FakeImpl>(params);
+    return std::make_unique<FakeImpl>(params, features_.quant_query_input);
   }
   std::unique_ptr<AttentionMetadataBuilder> make_builder(const BuilderParams&) const override {
     ++builders_made;

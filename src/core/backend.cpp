@@ -79,6 +79,10 @@ std::optional<CacheDType> parse_cache_dtype(std::string_view name) {
 
 bool is_quantized_kv_cache(CacheDType t) { return kv_quant_mode(t) != KVQuantMode::None; }
 
+bool quantizes_query_for(CacheDType cache, AttentionType attn_type) {
+  return (cache == CacheDType::Fp8 || cache == CacheDType::Fp8E4M3) && reads_paged_cache(attn_type);
+}
+
 KVQuantMode kv_quant_mode(CacheDType t) {
   switch (t) {
     case CacheDType::Auto:

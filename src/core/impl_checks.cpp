@@ -25,6 +25,24 @@ void check_rows(std::string_view where, const TensorView& t, std::string_view na
   }
 }
 
+// A layer's quantize_query: an impl that takes quantized queries, a cache
+// they are quantized for, and q_scale [1] f32 on the device.
+void check_query_quantization(std::string_view where, const AttentionImplParams& p, Device device,
+                              const LayerQuantState& layer, bool quant_query_input) {
+  check_arg(quant_query_input, where, "layer quantize_query", "false for an impl without supports_quant_query_input()",
+            "true");
+  check_arg(quantizes_query_for(p.kv_cache_dtype, p.attn_type), where, "layer quantize_query",
+            "false unless the attention reads an fp8 / fp8_e4m3 cache (quantizes_query_for)",
+            fmt::format("true with kv_cache_dtype {} and attn_type {}", cache_dtype_name(p.kv_cache_dtype),
+                        attention_type_name(p.attn_type)));
+  const TensorView& q_scale = layer.q_scale;
+  check_arg(q_scale.defined(), where, "q_scale", "a [1] f32 tensor for a query quantized to fp8", "undefined");
+  check_rank(q_scale, where, "q_scale", 1);
+  check_dtype(q_scale, where, "q_scale", DType::F32);
+  check_device(q_scale, where, "q_scale", device);
+  check_arg(q_scale.size(0) == 1, where, "q_scale.size(0)", 1, q_scale.size(0));
+}
+
 }  // namespace
 
 // One half of the paged cache: [NB, BS, Hkv, D], any strides, last dim contiguous.
@@ -92,9 +110,10 @@ ForwardShape check_forward_args(std::string_view where, const AttentionImplParam
                                 const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                                 const TensorView& value, const KVCacheView& kv_cache,
                                 const BackendMetadata& metadata, const TensorView& output,
-                                const TensorView& lse, std::span<const DType> output_dtypes) {
+                                const TensorView& lse, std::span<const DType> output_dtypes, bool quant_query_input) {
   check_arg(metadata.facts.has_value(), where, "metadata", "a step plan from a metadata builder",
             "metadata no builder validated");
+  if (layer.quantize_query) check_query_quantization(where, p, device, layer, quant_query_input);
   const CommonAttentionMetadata& common = metadata.common;
   const StepFacts& facts = *metadata.facts;
   const int tokens = common.num_actual_tokens;

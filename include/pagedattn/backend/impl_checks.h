@@ -46,12 +46,14 @@ struct ForwardShape {
 // that a builder validated the metadata (adopt_step), split by the layer's
 // chunk size, and without PrefixLM ranges unless the layer has use_mm_prefix;
 // the step's block ids against this cache, and seq_len == q_len for encoder
-// types, from the metadata's facts.
+// types, from the metadata's facts; a layer's quantize_query only for an impl
+// that takes quantized queries (`quant_query_input`) and a cache that
+// quantizes_query_for, with q_scale [1] f32 on `device`.
 // `output_dtypes` lists the output dtypes the backend can write.
 ForwardShape check_forward_args(std::string_view where, const AttentionImplParams& params, Device device,
                                 const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                                 const TensorView& value, const KVCacheView& kv_cache,
                                 const BackendMetadata& metadata, const TensorView& output,
-                                const TensorView& lse, std::span<const DType> output_dtypes);
+                                const TensorView& lse, std::span<const DType> output_dtypes, bool quant_query_input);
 
 }  // namespace pagedattn

@@ -177,6 +177,13 @@ PAGEDATTN_HD float fp8_e4m3_to_float(std::uint8_t b) {
   return detail::bits_float(detail::float_bits(a) | sign);
 }
 
+// A query element as an impl that quantizes its queries (quantizes_query_for)
+// sees it, back in the query's units: e4m3(q / q_scale) * q_scale. The
+// oracles of such impls read their queries through this.
+PAGEDATTN_HD float fp8_query_round_trip(float q, float q_scale) {
+  return fp8_e4m3_to_float(float_to_fp8_e4m3(q / q_scale)) * q_scale;
+}
+
 PAGEDATTN_HD std::uint8_t float_to_fp8_e5m2(float f) {
   const std::uint32_t u = detail::float_bits(f);
   const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);

@@ -59,7 +59,7 @@ ForwardShape CpuAttnImpl::check(const LayerQuantState& layer, const TensorView& 
             md->num_kv_heads);
   const DType output_dtypes[] = {params_.dtype};
   return check_forward_args(kWhere, params_, Device::cpu(), layer, query, key, value, kv_cache, *md, output,
-                            lse, output_dtypes);
+                            lse, output_dtypes, supports_quant_query_input());
 }
 
 void CpuAttnImpl::check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,

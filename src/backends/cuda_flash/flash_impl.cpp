@@ -103,7 +103,7 @@ FlashImpl::CheckedForward FlashImpl::check(const LayerQuantState& layer, const T
   }
   const DType output_dtypes[] = {p.dtype};
   const ForwardShape shape = check_forward_args(kForwardWhere, p, p.device, layer, query, key, value, kv_cache,
-                                                metadata, output, lse, output_dtypes);
+                                                metadata, output, lse, output_dtypes, supports_quant_query_input());
   check_vector_aligned(query, "query");
   check_vector_aligned(output, "output");
   if (shape.paged) {

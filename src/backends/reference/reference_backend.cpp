@@ -96,7 +96,8 @@ ForwardShape ReferenceImpl::check(const LayerQuantState& layer, const TensorView
   }
   const DType output_dtypes[] = {DType::F32, DType::F16, DType::BF16};
   const ForwardShape shape = check_forward_args(kForwardWhere, params_, Device::cpu(), layer, query, key, value,
-                                                kv_cache, metadata, output, lse, output_dtypes);
+                                                kv_cache, metadata, output, lse, output_dtypes,
+                                                supports_quant_query_input());
   require_supported(backend_.problem_support(make_attention_problem(params_, shape.block_size, &metadata.common,
                                                                 lse.defined(), shape.per_head_kv_scales)),
                     backend_.name());

@@ -1,6 +1,7 @@
 #include "backends/reference/reference_backend.h"
 
 #include <gtest/gtest.h>
+#include <pagedattn/backend/impl_checks.h>
 #include <pagedattn/metadata.h>
 
 #include <cmath>
@@ -224,6 +225,52 @@ TEST_F(ReferenceForwardTest, Fp8CacheNeedsScales) {
   expect_error([&] { forward(query_, output_, {}, &cache); }, ErrorKind::InvalidArgument, "k_scale");
   layer_.k_scale = Tensor::zeros({3}, DType::F32);
   expect_error([&] { forward(query_, output_, {}, &cache); }, ErrorKind::InvalidArgument, "k_scale");
+}
+
+// REFERENCE does not take quantized queries: a layer asking for them is
+// refused, even with an e4m3 cache it could quantize them for.
+TEST_F(ReferenceForwardTest, RefusesAQuantizedQuery) {
+  params_.kv_cache_dtype = CacheDType::Fp8E4M3;
+  impl_ = kBackend.make_impl(params_);
+  EXPECT_FALSE(impl_->supports_quant_query_input());
+  const Tensor fp8 = Tensor::zeros(kBackend.kv_cache_shape(kNumBlocks, kBlockSize, 1, 4, CacheDType::Fp8E4M3),
+                                   DType::FP8_E4M3);
+  const KVCacheView cache = kBackend.unbind_kv_cache(fp8);
+  layer_.quantize_query = true;
+  layer_.q_scale = Tensor::from_floats(std::vector<float>{1.0f}, {1}, DType::F32);
+  fill_tensor(output_, 7.0f);
+  expect_error([&] { forward(query_, output_, {}, &cache); }, ErrorKind::InvalidArgument, "quantize_query");
+  for (const float x : to_float_vector(output_)) EXPECT_EQ(x, 7.0f);
+  layer_.quantize_query = false;
+  forward(query_, output_, {}, &cache);
+}
+
+// The shared check as an impl that takes quantized queries runs it: an e4m3
+// per-tensor cache and q_scale [1] f32 on the impl's device.
+TEST_F(ReferenceForwardTest, TheQuantizedQueryCheckOfAnImplThatTakesThem) {
+  const DType out_dtypes[] = {DType::F32};
+  const auto check = [&](const AttentionImplParams& params, const KVCacheView& cache) {
+    check_forward_args("taker", params, Device::cpu(), layer_, query_, {}, {}, cache, *metadata_, output_, {},
+                       out_dtypes, true);
+  };
+  AttentionImplParams e4m3 = params_;
+  e4m3.kv_cache_dtype = CacheDType::Fp8E4M3;
+  AttentionImplParams e5m2 = params_;
+  e5m2.kv_cache_dtype = CacheDType::Fp8E5M2;
+  const Tensor e4m3_cache = Tensor::zeros(kBackend.kv_cache_shape(kNumBlocks, kBlockSize, 1, 4, CacheDType::Fp8E4M3),
+                                          DType::FP8_E4M3);
+  const Tensor e5m2_cache = Tensor::zeros(kBackend.kv_cache_shape(kNumBlocks, kBlockSize, 1, 4, CacheDType::Fp8E5M2),
+                                          DType::FP8_E5M2);
+  layer_.quantize_query = true;
+  layer_.q_scale = Tensor::from_floats(std::vector<float>{0.5f}, {1}, DType::F32);
+  check(e4m3, kBackend.unbind_kv_cache(e4m3_cache));
+  expect_error([&] { check(e5m2, kBackend.unbind_kv_cache(e5m2_cache)); }, ErrorKind::InvalidArgument,
+               "quantize_query");
+  layer_.q_scale = Tensor::from_floats(std::vector<float>{0.5f, 0.5f}, {2}, DType::F32);
+  expect_error([&] { check(e4m3, kBackend.unbind_kv_cache(e4m3_cache)); }, ErrorKind::InvalidArgument,
+               "q_scale.size(0)");
+  layer_.q_scale = Tensor{};
+  expect_error([&] { check(e4m3, kBackend.unbind_kv_cache(e4m3_cache)); }, ErrorKind::InvalidArgument, "q_scale");
 }
 
 TEST(ReferenceBackendTest, EncoderNeedsKeyAndValue) {
