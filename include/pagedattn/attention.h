@@ -201,11 +201,10 @@ class Attention {
   KVCacheLayout kv_cache_layout() const { return kv_cache_layout_; }
   bool has_sink() const { return has_sink_; }
   bool calculate_kv_scales() const { return calculate_kv_scales_; }
-  // True when the impl takes fp8 queries (quantizes_query_for(cache dtype,
-  // attn type) and impl.supports_quant_query_input()); the layer then sets
-  // quant_state().quantize_query, and the impl quantizes the query itself
-  // with quant_state().q_scale.
-  bool quantizes_query() const { return quantizes_query_; }
+  // True when the impl takes fp8 queries (AttentionImpl::quantizes_query):
+  // quant_state().quantize_query is set, and the impl quantizes the query
+  // itself with quant_state().q_scale.
+  bool quantizes_query() const { return quant_.quantize_query; }
   const std::optional<std::string>& kv_sharing_target_layer_name() const { return kv_sharing_target_; }
   const LayerQuantState& quant_state() const { return quant_; }
   DType dtype() const { return dtype_; }
@@ -230,7 +229,6 @@ class Attention {
   KVCacheLayout kv_cache_layout_ = KVCacheLayout::NHD;
   bool calculate_kv_scales_ = false;
   bool has_sink_ = false;
-  bool quantizes_query_ = false;
   std::optional<std::string> kv_sharing_target_;
   std::optional<QuantConfig> quant_config_;
   DType dtype_ = DType::BF16;

@@ -462,9 +462,7 @@ CaseResult CaseRun::run() {
   }
 
   impl_ = backend_.make_impl(params_);
-  // As an Attention layer sets it (Attention::quantizes_query).
-  layer_.quantize_query =
-      impl_->supports_quant_query_input() && quantizes_query_for(c_.kv_cache_dtype, c_.attn_type);
+  layer_.quantize_query = impl_->quantizes_query();  // as an Attention layer sets it
   BuilderParams builder_params;
   builder_params.block_size = c_.block_size;
   builder_params.num_kv_heads = c_.num_kv_heads;

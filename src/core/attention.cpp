@@ -301,8 +301,7 @@ Attention::Attention(ModelContext& model, int num_heads, int head_size, float sc
       backend_->name());
   impl_ = backend_->make_impl(params);
   check_arg(impl_ != nullptr, where, "attn_backend impl", "an impl", "null");
-  quantizes_query_ = quantizes_query_for(kv_cache_dtype_, attn_type_) && impl_->supports_quant_query_input();
-  quant_.quantize_query = quantizes_query_;
+  quant_.quantize_query = impl_->quantizes_query();
 
   const auto engines = static_cast<std::size_t>(model.pipeline_parallel_size());
   kv_cache_.assign(engines, Tensor{});

@@ -269,7 +269,7 @@ TEST(AttentionCtor, QuantizesTheQueryForE4m3PerTensorCachesOfAnImplThatTakesThem
       o.cache_config->cache_dtype = dtype;
       const Attention layer(model, kHeads, kHeadSize, kScale, o);
       EXPECT_EQ(layer.quantizes_query(), e4m3_per_tensor && backend == &takes) << cache_dtype_name(dtype);
-      EXPECT_EQ(layer.quant_state().quantize_query, layer.quantizes_query()) << cache_dtype_name(dtype);
+      EXPECT_EQ(layer.impl().quantizes_query(), e4m3_per_tensor && backend == &takes) << cache_dtype_name(dtype);
     }
   }
 }

@@ -25,6 +25,17 @@ void check_rows(std::string_view where, const TensorView& t, std::string_view na
   }
 }
 
+// A dequantization scale: a defined rank-1 f32 tensor on `device`, contiguous
+// (`expected` says which sizes the caller then allows).
+void check_scale_vector(std::string_view where, const TensorView& scale, std::string_view name, Device device,
+                        std::string_view expected) {
+  check_arg(scale.defined(), where, name, expected, "undefined");
+  check_rank(scale, where, name, 1);
+  check_dtype(scale, where, name, DType::F32);
+  check_device(scale, where, name, device);
+  check_last_dim_contiguous(scale, where, name);
+}
+
 // A layer's quantize_query: an impl that takes quantized queries, a cache
 // they are quantized for, and q_scale [1] f32 on the device.
 void check_query_quantization(std::string_view where, const AttentionImplParams& p, Device device,
@@ -35,12 +46,8 @@ void check_query_quantization(std::string_view where, const AttentionImplParams&
             "false unless the attention reads an fp8 / fp8_e4m3 cache (quantizes_query_for)",
             fmt::format("true with kv_cache_dtype {} and attn_type {}", cache_dtype_name(p.kv_cache_dtype),
                         attention_type_name(p.attn_type)));
-  const TensorView& q_scale = layer.q_scale;
-  check_arg(q_scale.defined(), where, "q_scale", "a [1] f32 tensor for a query quantized to fp8", "undefined");
-  check_rank(q_scale, where, "q_scale", 1);
-  check_dtype(q_scale, where, "q_scale", DType::F32);
-  check_device(q_scale, where, "q_scale", device);
-  check_arg(q_scale.size(0) == 1, where, "q_scale.size(0)", 1, q_scale.size(0));
+  check_scale_vector(where, layer.q_scale, "q_scale", device, "a [1] f32 tensor for a query quantized to fp8");
+  check_arg(layer.q_scale.size(0) == 1, where, "q_scale.size(0)", 1, layer.q_scale.size(0));
 }
 
 }  // namespace
@@ -59,11 +66,7 @@ void check_cache_half(std::string_view where, const TensorView& t, std::string_v
 // Per-tensor ([1]) or per-KV-head ([Hkv]) f32 dequantization scale.
 void check_kv_scale(std::string_view where, const TensorView& scale, std::string_view name, Device device,
                     int num_kv_heads) {
-  check_arg(scale.defined(), where, name, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache", "undefined");
-  check_rank(scale, where, name, 1);
-  check_dtype(scale, where, name, DType::F32);
-  check_device(scale, where, name, device);
-  check_last_dim_contiguous(scale, where, name);
+  check_scale_vector(where, scale, name, device, "a [1] or [num_kv_heads] f32 tensor for an fp8 cache");
   if (scale.size(0) != 1 && scale.size(0) != num_kv_heads) {
     throw_invalid(where, fmt::format("{}.size(0)", name), fmt::format("1 or num_kv_heads ({})", num_kv_heads),
                   std::to_string(scale.size(0)));

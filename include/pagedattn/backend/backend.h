@@ -131,6 +131,12 @@ class AttentionImpl {
                                   const KVCacheView& kv_cache, const TensorView& slot_mapping) = 0;
 
   virtual bool supports_quant_query_input() const { return false; }
+  // Whether a layer over this impl hands it queries to quantize
+  // (LayerQuantState::quantize_query): the impl takes them, and the cache and
+  // attention type are ones they are quantized for (quantizes_query_for).
+  bool quantizes_query() const {
+    return supports_quant_query_input() && quantizes_query_for(params_.kv_cache_dtype, params_.attn_type);
+  }
   virtual void process_weights_after_loading(DType /*act_dtype*/) {}
   // The impl's class name, shown by Attention::extra_repr.
   virtual std::string_view class_name() const = 0;
