@@ -74,7 +74,10 @@ WorkspaceEntries grown_to(const WorkspaceEntries& have, const WorkspaceEntries& 
 // The first workspace already holds a large step, so that graphs captured
 // early stay valid while later steps grow (a regrown workspace moves); its
 // 1024 partial token-rows hold a cascade plan of 64 decodes over a long
-// prefix (576 rows).
+// prefix (576 rows). Its item and combine regions hold more entries than any
+// GPU has multiprocessors, so every slot of a grid (a captured one records a
+// wave of them, launch_item_slots) lies inside them: the kernels read their
+// first entry before the header says whether it exists (for_each_item).
 constexpr WorkspaceEntries kInitialCapacity{4096, 1024, 1025, 512, std::size_t{1} << 16, 1024};
 
 class FlashBuilder final : public AttentionMetadataBuilder {
@@ -139,10 +142,14 @@ class FlashBuilder final : public AttentionMetadataBuilder {
     const auto num_offsets = static_cast<std::size_t>(common.num_reqs) + 1;
     const WorkspaceEntries need{plan.items.size(), plan.combine.size(), num_offsets, mm_ranges.size(),
                                 static_cast<std::size_t>(bt_rows * bt_cols), plan.partial_token_rows};
+    const auto stream = static_cast<cudaStream_t>(cuda::current_stream());
     if (!workspace_ || !holds(cap_, need)) {
       cap_ = grown_to(workspace_ ? cap_ : kInitialCapacity, need);
       layout_ = workspace_layout(cap_, partial_heads, params_.head_size);
       workspace_ = std::make_shared<DeviceBuffer>(layout_.total_bytes, params_.device.index);
+      // The kernels read their first work and combine item before the header
+      // says whether it exists (for_each_item): past the plan they read zeros.
+      cuda::check_cuda(cudaMemsetAsync(workspace_->data(), 0, layout_.block_table, stream), kWhere);
     }
     const WorkspaceLayout& layout = layout_;
     const std::size_t upload_bytes = layout.block_table + need.block_table * sizeof(std::int32_t);
@@ -169,7 +176,6 @@ class FlashBuilder final : public AttentionMetadataBuilder {
       const std::span<const std::int32_t> row = common.block_table_host_row(static_cast<int>(r));
       std::copy_n(row.begin(), bt_cols, table + r * bt_cols);
     }
-    const auto stream = static_cast<cudaStream_t>(cuda::current_stream());
     char* dev = workspace_->data();
     cuda::check_cuda(cudaMemcpyAsync(dev, host, upload_bytes, cudaMemcpyHostToDevice, stream), kWhere);
     slot.record(stream);

@@ -158,7 +158,7 @@ PartialGroup add_items(const Tile& t, int splits, bool always_partial, WorkList&
 // they read the same keys: CTAs working on one request at a time keep its K/V
 // in L2, where interleaving eight 4096-token requests (134 MB of K/V against
 // a 50 MB L2) made 8q4k 15 % slower (docs/cuda_flash.md, "Plan, split-KV and
-// CUDA graphs").
+// CUDA graphs"). A mixed step's two kinds are then interleaved (interleave_kinds).
 void sort_heaviest_first(WorkList& plan, const PlanInputs& in) {
   const int group = std::max(in.group, 1);
   const auto prefill = [](const WorkItem& w) { return w.mode == static_cast<int>(TileMode::Prefill); };
@@ -167,6 +167,32 @@ void sort_heaviest_first(WorkList& plan, const PlanInputs& in) {
     if (prefill(a) && a.req != b.req) return a.req < b.req;
     return item_cost(a, group, in.causal) > item_cost(b, group, in.causal);
   });
+}
+
+// A mixed step's decode items (reading the cache) and prefill items (on the
+// tensor cores) alternate through the list, each kind in sort_heaviest_first's
+// order and the fewer spread evenly among the more: the CTAs resident on a
+// multiprocessor then tend to be one of each kind, the decode's reads under
+// the prefill's math. Decode items first ran two waves of reading before any
+// prefill began: q2k_63q1s4k took 17 % longer on an H100
+// (docs/perf-log/cuda_flash-issue-31.md).
+void interleave_kinds(WorkList& plan) {
+  const auto decode = [](const WorkItem& w) { return w.mode == static_cast<int>(TileMode::Decode); };
+  std::vector<WorkItem> decodes;
+  std::vector<WorkItem> prefills;
+  for (const WorkItem& w : plan.items) (decode(w) ? decodes : prefills).push_back(w);
+  if (decodes.empty() || prefills.empty()) return;
+  const auto nd = static_cast<std::int64_t>(decodes.size());
+  const auto np = static_cast<std::int64_t>(prefills.size());
+  std::size_t i = 0;
+  std::size_t j = 0;
+  // Item k of a kind of n sits at (k + 1/2) / n of the list; ties go to decode.
+  for (WorkItem& slot : plan.items) {
+    const bool take_decode =
+        j == prefills.size() ||
+        (i < decodes.size() && (2 * static_cast<std::int64_t>(i) + 1) * np <= (2 * static_cast<std::int64_t>(j) + 1) * nd);
+    slot = take_decode ? decodes[i++] : prefills[j++];
+  }
 }
 
 // Splits of a cascade plan's tile cut into chunks of `chunk` keys.
@@ -222,6 +248,7 @@ WorkList make_work_list(const PlanInputs& in) {
     if (group.num_splits > 0) plan.combine.push_back({t.token_begin, t.num_tokens, {group}});
   }
   sort_heaviest_first(plan, in);
+  interleave_kinds(plan);
   return plan;
 }
 

@@ -43,6 +43,7 @@ struct Options {
   int block_size = 16;
   std::string dtype = "bf16";
   std::vector<std::string> kv_cache_dtypes{"auto"};
+  std::string kv_cache_layout = "NHD";  // the cache's physical order (docs/kv_layouts.md)
   int warmup = 5;
   int repeats = 30;
   std::string json;
@@ -105,6 +106,8 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const std::st
   const auto kv = parse_cache_dtype(kv_name);
   if (!dtype) throw_invalid(kWhere, "--dtype", "f16 or bf16", o.dtype);
   if (!kv) throw_invalid(kWhere, "--kv-cache-dtype", "a vLLM cache dtype", kv_name);
+  const auto layout = parse_kv_cache_layout(o.kv_cache_layout);
+  if (!layout) throw_invalid(kWhere, "--kv-cache-layout", "NHD or HND", o.kv_cache_layout);
   const std::vector<bench::BatchRequest> requests = bench::parse_batch_spec(spec);
   std::mt19937 rng(1);
   std::int64_t blocks = 0;
@@ -126,7 +129,7 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const std::st
   const DType storage = kv_cache_storage_dtype(*kv, *dtype);
   // One allocation per layer, per-token-head scales included, as allocate_kv_caches makes it.
   const LayerKVCache layer_cache = allocate_layer_kv_cache(backend, blocks + 1, o.block_size, o.num_kv_heads,
-                                                           o.head_size, *kv, *dtype, KVCacheLayout::NHD, gpu);
+                                                           o.head_size, *kv, *dtype, *layout, gpu);
   const Tensor& cache = layer_cache.cache;
   const Tensor& scales = layer_cache.scales;
   const bool int8 = storage == DType::I8;
@@ -168,6 +171,7 @@ nlohmann::json run_spec(const Options& o, const std::string& spec, const std::st
                       {"head_size", o.head_size},
                       {"dtype", o.dtype},
                       {"kv_cache_dtype", kv_name},
+                      {"kv_cache_layout", kv_cache_layout_name(*layout)},
                       {"label", o.label}};
 
   // ---- check sampled rows against REFERENCE (each as a decode of its prefix) ----
@@ -354,6 +358,7 @@ int main(int argc, char** argv) {
          "auto, fp8, fp8_e4m3, fp8_e5m2, int8_per_token_head, fp8_per_token_head; several (comma-separated) "
          "run each spec once per dtype")
       ->delimiter(',');
+  app.add_option("--kv-cache-layout", o.kv_cache_layout, "NHD or HND: the cache's physical order");
   app.add_option("--warmup", o.warmup, "warm-up forwards");
   app.add_option("--repeats", o.repeats, "timed forwards");
   app.add_option("--json", o.json, "write the report here");

@@ -626,14 +626,18 @@ __device__ __forceinline__ void for_each_partial(const CombineItem& item, int to
 
 // Merges each combine item's partials by LSE (natural log) into the output
 // (and LSE); the sink, if any, joins here once.
+// The first combine item is read beside the header, as for_each_item reads
+// its first work item (the combine region likewise holds a grid's slots).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) {
-  const PlanHeader header = *p.header;
+  int ci = static_cast<int>(blockIdx.x);
+  CombineItem item = load_plan_entry(p.combine + ci);
+  const PlanHeader header = load_plan_entry(p.header);
   const int kv_head = static_cast<int>(blockIdx.y);
   const int group = p.num_heads / p.num_kv_heads;
   const int chunks = p.head_size / kChunkElems;
-  for (int ci = static_cast<int>(blockIdx.x); ci < header.num_combine; ci += static_cast<int>(gridDim.x)) {
-    const CombineItem item = p.combine[ci];
+  for (; ci < header.num_combine; ci += static_cast<int>(gridDim.x)) {
+    if (ci != static_cast<int>(blockIdx.x)) item = load_plan_entry(p.combine + ci);
     const int rows = item.num_tokens * group;
     for (int u = static_cast<int>(threadIdx.x); u < rows * chunks; u += kThreads) {
       const int r = u / chunks;

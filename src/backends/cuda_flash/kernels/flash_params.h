@@ -75,7 +75,8 @@ enum class TileMode : std::int32_t {
 // One CTA's work: query tokens [token_begin, token_begin + num_tokens) of one
 // request (all query heads of the CTA's KV head, packed), over keys
 // [kv_begin, kv_end) of that request. The CTA's KV head is blockIdx.x % num_kv_heads.
-struct WorkItem {
+// Plan entries are whole 16-byte words, read with vector loads (load_plan_entry).
+struct alignas(16) WorkItem {
   std::int32_t req = 0;
   std::int32_t token_begin = 0;     // row of the first query token in query/output
   std::int32_t num_tokens = 0;
@@ -106,7 +107,7 @@ inline constexpr int kMaxCombineGroups = 2;
 
 // Output tokens [token_begin, token_begin + num_tokens) to merge from the
 // partials of their groups (one for a split item, two in a cascade plan).
-struct CombineItem {
+struct alignas(16) CombineItem {
   std::int32_t token_begin = 0;
   std::int32_t num_tokens = 0;
   PartialGroup groups[kMaxCombineGroups] = {};
@@ -114,7 +115,7 @@ struct CombineItem {
 
 // Per-step scalars read on the device, so a captured graph replays with the
 // values of the latest upload.
-struct PlanHeader {
+struct alignas(16) PlanHeader {
   std::int32_t num_items = 0;
   std::int32_t num_combine = 0;
   std::int32_t block_table_stride = 0;  // elements between block-table rows

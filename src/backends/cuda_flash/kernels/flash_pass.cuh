@@ -574,14 +574,25 @@ __device__ __forceinline__ void write_pass_output(const FlashParams& p, const Wo
 // this CTA. The 1-D grid is item slots x KV heads with the KV head varying
 // fastest: an item's heads run as adjacent CTAs and read whole cache rows of
 // the same blocks (every head of a slot) at once. Items stride over the slots.
+//
+// The CTA's first item is read beside the header, not after it: the header,
+// the item, its block ids and its first K/V form a chain of dependent loads
+// before any byte of the cache arrives, and a lone decode's CTAs each read
+// only 256 KB after it. The item region holds at least a grid's slots (its
+// capacity starts above any GPU's multiprocessor count: a captured grid's
+// wave) and is zero-filled when allocated, so a slot past the plan reads
+// zeros it never uses.
 template <typename F>
 __device__ __forceinline__ void for_each_item(const FlashParams& p, F&& f) {
-  const PlanHeader header = *p.header;
   const int kv_head = static_cast<int>(blockIdx.x) % p.num_kv_heads;
   const int group = p.num_heads / p.num_kv_heads;
   const int item_stride = static_cast<int>(gridDim.x) / p.num_kv_heads;
-  for (int w = static_cast<int>(blockIdx.x) / p.num_kv_heads; w < header.num_items; w += item_stride) {
-    f(p.items[w], kv_head, group, header.block_table_stride);
+  int w = static_cast<int>(blockIdx.x) / p.num_kv_heads;
+  WorkItem item = load_plan_entry(p.items + w);
+  const PlanHeader header = load_plan_entry(p.header);
+  for (; w < header.num_items; w += item_stride) {
+    f(item, kv_head, group, header.block_table_stride);
+    if (w + item_stride < header.num_items) item = load_plan_entry(p.items + w + item_stride);
   }
 }
 

@@ -120,6 +120,26 @@ __device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool vali
                "r"(src_bytes));
 }
 
+// Reads one plan entry (a struct of whole 16-byte words, 16-byte aligned)
+// with vector loads the compiler may not move: issued at the call, they run
+// beside loads issued next to them instead of after the first use of those.
+template <typename T>
+__device__ __forceinline__ T load_plan_entry(const T* src) {
+  static_assert(sizeof(T) % 16 == 0 && alignof(T) >= 16);
+  constexpr int kWords = static_cast<int>(sizeof(T) / 16);
+  uint4 words[kWords];
+  const auto* from = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) {
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(words[i].x), "=r"(words[i].y), "=r"(words[i].z), "=r"(words[i].w)
+                 : "l"(from + i));
+  }
+  T entry;
+  std::memcpy(&entry, words, sizeof(T));
+  return entry;
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int kPending>
