@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Session 30's prepared runs (docs/perf-log/prepared/README.md), from the
+# repository root with the mode's patch applied:
+#   mixed      session30-mixed-span-fp8-hint.diff: the mixed step's decode span
+#              and decode pieces (host-only variants of three planner
+#              constants: V1 = 436e185's plan), the fp8 decode's ratio with the
+#              L2 hint on its 8-byte copies, and initcheck on the first-item
+#              loads past the plan (graph replays record a wave of slots)
+#   fp8-query  session30-fp8-query.diff: the fp8 figures with quantized queries
+#              (Q) against the same build whose impl does not take them (N:
+#              supports_quant_query_input false, host-only rebuild)
+# Both first run scripts/gpu kernels on the patched tree (CUDA tests,
+# conformance: with fp8-query every e4m3 case quantizes its queries).
+set -uo pipefail
+MODE=${1:?mixed or fp8-query}
+O=${OUT:-$PWD/s30-out}; mkdir -p "$O"
+S=$(date +%s)
+t() { echo "[$(( $(date +%s) - S )) s] $*" | tee -a "$O/summary.txt"; }
+BUILD=/tmp/pagedattn-gpu-build
+t "kernels mode"
+OUT=/tmp/k-out timeout 300 scripts/gpu kernels 1q1s8k 64q1s4k 8q4k > "$O/kernels.log" 2>&1; t "kernels rc $?"
+cp /tmp/k-out/summary.txt "$O/kernels_summary.txt" 2>/dev/null
+if [ "$MODE" = mixed ]; then
+  mkdir -p /tmp/v /tmp/j
+  H=src/backends/cuda_flash/flash_planner.h
+  cp $H /tmp/planner.h
+  setv() {  # name num den keys
+    cp /tmp/planner.h $H
+    sed -i "s/kMixedDecodeSpanNum = [0-9]*;/kMixedDecodeSpanNum = $2;/; s/kMixedDecodeSpanDen = [0-9]*;/kMixedDecodeSpanDen = $3;/; s/kMixedDecodeKeys = [0-9]*;/kMixedDecodeKeys = $4;/" $H
+    ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_$1.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$1; t "$1 built $? ($2/$3, $4)"
+  }
+  setv V1 1 1 1073741824
+  setv V2 3 4 1073741824
+  setv V4 1 1 2048
+  setv V6 3 4 2048
+  cp /tmp/planner.h $H
+  MIX="q2k_63q1s4k q1k_16q1s4k q512_32q1s2k q4k_32q1s8k"
+  for r in 1 2; do
+    for v in V1 V2 V4 V6; do
+      [ -x /tmp/v/$v ] || continue
+      t "round $r $v"
+      timeout 60 /tmp/v/$v $MIX --label "$v$r" --json "/tmp/j/b_${v}_$r.json" 2>&1 | grep -v "^device\|^spec" | tee -a "$O/bench.txt"
+    done
+  done
+  for r in 1 2; do
+    t "fp8 round $r"
+    timeout 60 /tmp/v/V6 64q1s4k 8q1s32k --kv-cache-dtype auto,fp8 --label "F$r" 2>&1 | grep -v "^device\|^spec" | tee -a "$O/bench.txt"
+  done
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  timeout 90 $CS --tool initcheck --print-limit 10 /tmp/v/V6 1q1s8k q2k_63q1s4k --kv-cache-dtype auto,fp8 --warmup 1 --repeats 2 > /tmp/cs.log 2>&1
+  echo "initcheck rc $?: $(grep -E 'ERROR SUMMARY' /tmp/cs.log | tail -1)" | tee -a "$O/summary.txt"
+  grep -E "ok$|FAILED" /tmp/cs.log | head -6 >> "$O/summary.txt"
+  tar -czf "$O/json.tgz" -C /tmp j 2>/dev/null
+  t done
+else
+  mkdir -p /tmp/v
+  cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/Q
+  I=src/backends/cuda_flash/flash_impl.cpp
+  cp $I /tmp/impl.cpp
+  sed -i 's/bool supports_quant_query_input() const override { return true; }/bool supports_quant_query_input() const override { return false; }/' $I
+  grep -c "return false; }" $I | tee -a "$O/summary.txt"
+  ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_n.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/N; t "N built $?"
+  cp /tmp/impl.cpp $I
+  for r in 1 2; do
+    for v in Q N; do
+      [ -x /tmp/v/$v ] || continue
+      t "round $r $v"
+      timeout 90 /tmp/v/$v 64q1s4k 8q1s32k 1q1s8k 8q4k q2k_63q1s4k --kv-cache-dtype auto,fp8 --label "$v$r" 2>&1 |
+        grep -v "^device\|^spec" | tee -a "$O/bench.txt"
+    done
+  done
+  t done
+fi
