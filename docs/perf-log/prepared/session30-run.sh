@@ -9,10 +9,13 @@
 #   fp8-query  session30-fp8-query.diff: the fp8 figures with quantized queries
 #              (Q) against the same build whose impl does not take them (N:
 #              supports_quant_query_input false, host-only rebuild)
+#   early      session30-early-launch.diff: the mma.sync kernels launched as
+#              programmatic dependents (E) against the same build launching
+#              them plainly (P: early_launch false, host-only rebuild)
 # Both first run scripts/gpu kernels on the patched tree (CUDA tests,
 # conformance: with fp8-query every e4m3 case quantizes its queries).
 set -uo pipefail
-MODE=${1:?mixed or fp8-query}
+MODE=${1:?mixed, fp8-query or early}
 O=${OUT:-$PWD/s30-out}; mkdir -p "$O"
 S=$(date +%s)
 t() { echo "[$(( $(date +%s) - S )) s] $*" | tee -a "$O/summary.txt"; }
@@ -20,6 +23,31 @@ BUILD=/tmp/pagedattn-gpu-build
 t "kernels mode"
 OUT=/tmp/k-out timeout 300 scripts/gpu kernels 1q1s8k 64q1s4k 8q4k > "$O/kernels.log" 2>&1; t "kernels rc $?"
 cp /tmp/k-out/summary.txt "$O/kernels_summary.txt" 2>/dev/null
+# A against B: A the kernels-mode build, B the same with the sed expression
+# applied to flash_impl.cpp (a host-only rebuild), alternated `rounds` times
+# over the specs, bf16 and fp8 K/V.
+host_ab() {  # a b sed_expression rounds specs...
+  local a=$1 b=$2 expression=$3 rounds=$4 r v
+  shift 4
+  mkdir -p /tmp/v
+  cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$a
+  local impl=src/backends/cuda_flash/flash_impl.cpp
+  cp $impl /tmp/impl.cpp
+  sed -i "$expression" $impl
+  cmp -s $impl /tmp/impl.cpp && t "the edit for $b matched nothing"
+  ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_$b.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$b
+  t "$b built $?"
+  cp /tmp/impl.cpp $impl
+  for r in $(seq "$rounds"); do
+    for v in $a $b; do
+      [ -x /tmp/v/$v ] || continue
+      t "round $r $v"
+      timeout 90 /tmp/v/$v "$@" --kv-cache-dtype auto,fp8 --label "$v$r" 2>&1 |
+        grep -v "^device\|^spec" | tee -a "$O/bench.txt"
+    done
+  done
+}
+
 if [ "$MODE" = mixed ]; then
   mkdir -p /tmp/v /tmp/j
   H=src/backends/cuda_flash/flash_planner.h
@@ -51,23 +79,11 @@ if [ "$MODE" = mixed ]; then
   echo "initcheck rc $?: $(grep -E 'ERROR SUMMARY' /tmp/cs.log | tail -1)" | tee -a "$O/summary.txt"
   grep -E "ok$|FAILED" /tmp/cs.log | head -6 >> "$O/summary.txt"
   tar -czf "$O/json.tgz" -C /tmp j 2>/dev/null
-  t done
+elif [ "$MODE" = early ]; then
+  host_ab E P 's/  k.early_launch = plan->sm_version >= kEarlyLaunchSmVersion;/  k.early_launch = false;/' 3 \
+    1q1s8k 2q1s4k 64q1s4k 8q1s32k q2k_63q1s4k
 else
-  mkdir -p /tmp/v
-  cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/Q
-  I=src/backends/cuda_flash/flash_impl.cpp
-  cp $I /tmp/impl.cpp
-  sed -i 's/bool supports_quant_query_input() const override { return true; }/bool supports_quant_query_input() const override { return false; }/' $I
-  grep -c "return false; }" $I | tee -a "$O/summary.txt"
-  ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_n.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/N; t "N built $?"
-  cp /tmp/impl.cpp $I
-  for r in 1 2; do
-    for v in Q N; do
-      [ -x /tmp/v/$v ] || continue
-      t "round $r $v"
-      timeout 90 /tmp/v/$v 64q1s4k 8q1s32k 1q1s8k 8q4k q2k_63q1s4k --kv-cache-dtype auto,fp8 --label "$v$r" 2>&1 |
-        grep -v "^device\|^spec" | tee -a "$O/bench.txt"
-    done
-  done
-  t done
+  host_ab Q N 's/supports_quant_query_input() const override { return true; }/supports_quant_query_input() const override { return false; }/' 2 \
+    64q1s4k 8q1s32k 1q1s8k 8q4k q2k_63q1s4k
 fi
+t done
