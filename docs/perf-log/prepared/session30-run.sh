@@ -12,7 +12,7 @@
 #   early      session30-early-launch.diff: the mma.sync kernels launched as
 #              programmatic dependents (E) against the same build launching
 #              them plainly (P: early_launch false, host-only rebuild)
-# Both first run scripts/gpu kernels on the patched tree (CUDA tests,
+# Every mode first runs scripts/gpu kernels on the patched tree (CUDA tests,
 # conformance: with fp8-query every e4m3 case quantizes its queries).
 set -uo pipefail
 MODE=${1:?mixed, fp8-query or early}
