@@ -77,7 +77,7 @@ WorkspaceEntries grown_to(const WorkspaceEntries& have, const WorkspaceEntries& 
 // prefix (576 rows). Its item and combine regions hold more entries than any
 // GPU has multiprocessors, so every slot of a grid (a captured one records a
 // wave of them, launch_item_slots) lies inside them: the kernels read their
-// first entry before the header says whether it exists (for_each_item).
+// first entry before the header says whether it exists (for_each_plan_entry).
 constexpr WorkspaceEntries kInitialCapacity{4096, 1024, 1025, 512, std::size_t{1} << 16, 1024};
 
 class FlashBuilder final : public AttentionMetadataBuilder {
@@ -148,7 +148,7 @@ class FlashBuilder final : public AttentionMetadataBuilder {
       layout_ = workspace_layout(cap_, partial_heads, params_.head_size);
       workspace_ = std::make_shared<DeviceBuffer>(layout_.total_bytes, params_.device.index);
       // The kernels read their first work and combine item before the header
-      // says whether it exists (for_each_item): past the plan they read zeros.
+      // says whether it exists (for_each_plan_entry): past the plan they read zeros.
       cuda::check_cuda(cudaMemsetAsync(workspace_->data(), 0, layout_.block_table, stream), kWhere);
     }
     const WorkspaceLayout& layout = layout_;

@@ -175,23 +175,22 @@ void sort_heaviest_first(WorkList& plan, const PlanInputs& in) {
 // multiprocessor then tend to be one of each kind, the decode's reads under
 // the prefill's math. Decode items first ran two waves of reading before any
 // prefill began: q2k_63q1s4k took 17 % longer on an H100
-// (docs/perf-log/cuda_flash-issue-31.md).
+// (docs/perf-log/cuda_flash-issue-31.md). Takes the list as
+// sort_heaviest_first leaves it: decode items first.
 void interleave_kinds(WorkList& plan) {
-  const auto decode = [](const WorkItem& w) { return w.mode == static_cast<int>(TileMode::Decode); };
-  std::vector<WorkItem> decodes;
-  std::vector<WorkItem> prefills;
-  for (const WorkItem& w : plan.items) (decode(w) ? decodes : prefills).push_back(w);
-  if (decodes.empty() || prefills.empty()) return;
-  const auto nd = static_cast<std::int64_t>(decodes.size());
-  const auto np = static_cast<std::int64_t>(prefills.size());
-  std::size_t i = 0;
-  std::size_t j = 0;
+  const std::vector<WorkItem> sorted = plan.items;
+  const auto decodes_end = std::partition_point(sorted.begin(), sorted.end(), [](const WorkItem& w) {
+    return w.mode == static_cast<int>(TileMode::Decode);
+  });
+  const std::int64_t nd = decodes_end - sorted.begin();
+  const std::int64_t np = sorted.end() - decodes_end;
+  if (nd == 0 || np == 0) return;
+  std::int64_t i = 0;
+  std::int64_t j = 0;
   // Item k of a kind of n sits at (k + 1/2) / n of the list; ties go to decode.
   for (WorkItem& slot : plan.items) {
-    const bool take_decode =
-        j == prefills.size() ||
-        (i < decodes.size() && (2 * static_cast<std::int64_t>(i) + 1) * np <= (2 * static_cast<std::int64_t>(j) + 1) * nd);
-    slot = take_decode ? decodes[i++] : prefills[j++];
+    const bool take_decode = j == np || (i < nd && (2 * i + 1) * np <= (2 * j + 1) * nd);
+    slot = take_decode ? sorted[static_cast<std::size_t>(i++)] : *(decodes_end + j++);
   }
 }
 

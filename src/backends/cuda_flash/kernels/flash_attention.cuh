@@ -624,56 +624,57 @@ __device__ __forceinline__ void for_each_partial(const CombineItem& item, int to
   }
 }
 
-// Merges each combine item's partials by LSE (natural log) into the output
-// (and LSE); the sink, if any, joins here once.
-// The first combine item is read beside the header, as for_each_item reads
-// its first work item (the combine region likewise holds a grid's slots).
+// Merges one combine item's partials by LSE (natural log) into the output
+// (and LSE) of the CTA's KV head; the sink, if any, joins here once.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) {
-  int ci = static_cast<int>(blockIdx.x);
-  CombineItem item = load_plan_entry(p.combine + ci);
-  const PlanHeader header = load_plan_entry(p.header);
-  const int kv_head = static_cast<int>(blockIdx.y);
+__device__ __forceinline__ void merge_partials(const FlashParams& p, const CombineItem& item, int kv_head) {
   const int group = p.num_heads / p.num_kv_heads;
   const int chunks = p.head_size / kChunkElems;
-  for (; ci < header.num_combine; ci += static_cast<int>(gridDim.x)) {
-    if (ci != static_cast<int>(blockIdx.x)) item = load_plan_entry(p.combine + ci);
-    const int rows = item.num_tokens * group;
-    for (int u = static_cast<int>(threadIdx.x); u < rows * chunks; u += kThreads) {
-      const int r = u / chunks;
-      const int ch = u % chunks;
-      const int token_rel = r / group;
-      const int head = kv_head * group + r % group;
-      const auto prow = [&](std::int32_t row) { return static_cast<std::int64_t>(row) * p.num_heads + head; };
-      float m_keys = -CUDART_INF_F;
-      for_each_partial(item, token_rel, [&](std::int32_t row) { m_keys = fmaxf(m_keys, p.partial_lse[prow(row)]); });
-      float acc[8] = {};
-      float lse = -CUDART_INF_F;
-      if (m_keys != -CUDART_INF_F) {
-        float mm = m_keys;
-        float den = 0.0f;
-        if (p.variant.sinks != nullptr) {
-          mm = fmaxf(mm, p.variant.sinks[head]);
-          den = expf(p.variant.sinks[head] - mm);
-        }
-        for_each_partial(item, token_rel, [&](std::int32_t row) {
-          const float w = expf(p.partial_lse[prow(row)] - mm);
-          den += w;
-          const float* src = p.partial_out + prow(row) * p.head_size + ch * kChunkElems;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[e] += w * src[e];
-        });
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] /= den;
-        lse = mm + logf(den);
+  const int rows = item.num_tokens * group;
+  for (int u = static_cast<int>(threadIdx.x); u < rows * chunks; u += kThreads) {
+    const int r = u / chunks;
+    const int ch = u % chunks;
+    const int token_rel = r / group;
+    const int head = kv_head * group + r % group;
+    const auto prow = [&](std::int32_t row) { return static_cast<std::int64_t>(row) * p.num_heads + head; };
+    float m_keys = -CUDART_INF_F;
+    for_each_partial(item, token_rel, [&](std::int32_t row) { m_keys = fmaxf(m_keys, p.partial_lse[prow(row)]); });
+    float acc[8] = {};
+    float lse = -CUDART_INF_F;
+    if (m_keys != -CUDART_INF_F) {
+      float mm = m_keys;
+      float den = 0.0f;
+      if (p.variant.sinks != nullptr) {
+        mm = fmaxf(mm, p.variant.sinks[head]);
+        den = expf(p.variant.sinks[head] - mm);
       }
-      const std::int64_t token = item.token_begin + token_rel;
-      store8<T>(
-          static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
-          acc);
-      if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
+      for_each_partial(item, token_rel, [&](std::int32_t row) {
+        const float w = expf(p.partial_lse[prow(row)] - mm);
+        den += w;
+        const float* src = p.partial_out + prow(row) * p.head_size + ch * kChunkElems;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += w * src[e];
+      });
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] /= den;
+      lse = mm + logf(den);
     }
+    const std::int64_t token = item.token_begin + token_rel;
+    store8<T>(
+        static_cast<T*>(p.output) + token * p.o_row_stride + head * p.o_head_stride + ch * kChunkElems,
+        acc);
+    if (p.lse != nullptr && ch == 0) p.lse[head * p.lse_head_stride + token * p.lse_token_stride] = lse;
   }
+}
+
+// Merges each combine item's partials (merge_partials), items strided over the grid's x, KV heads its y.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const FlashParams p) {
+  const int kv_head = static_cast<int>(blockIdx.y);
+  for_each_plan_entry(
+      p, p.combine, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x),
+      [](const PlanHeader& h) { return h.num_combine; },
+      [&](const CombineItem& item, const PlanHeader&) { merge_partials<T>(p, item, kv_head); });
 }
 
 // Launches the attention kernel of one head-size class, dtype, KV storage and

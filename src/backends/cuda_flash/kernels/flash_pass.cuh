@@ -570,30 +570,37 @@ __device__ __forceinline__ void write_pass_output(const FlashParams& p, const Wo
   }
 }
 
+// Calls f(entry, header) for the plan entries first, first + stride, ...
+// below count(header) (work items or combine items), reading the first one
+// beside the header, not after it: the header, the entry, its block ids and
+// its first K/V form a chain of dependent loads before any byte of the cache
+// arrives, and a lone decode's CTAs each read only 256 KB after it. Each
+// region holds at least a grid's slots (its capacity starts above any GPU's
+// multiprocessor count: a captured grid's wave) and is zero-filled when
+// allocated, so a slot past the plan reads zeros it never uses.
+template <typename Entry, typename Count, typename F>
+__device__ __forceinline__ void for_each_plan_entry(const FlashParams& p, const Entry* entries, int first, int stride,
+                                                    Count count, F&& f) {
+  Entry entry = load_plan_entry(entries + first);
+  const PlanHeader header = load_plan_entry(p.header);
+  for (int i = first; i < count(header); i += stride) {
+    f(entry, header);
+    if (i + stride < count(header)) entry = load_plan_entry(entries + i + stride);
+  }
+}
+
 // Calls f(item, kv_head, group, block_table_stride) for each work item of
 // this CTA. The 1-D grid is item slots x KV heads with the KV head varying
 // fastest: an item's heads run as adjacent CTAs and read whole cache rows of
 // the same blocks (every head of a slot) at once. Items stride over the slots.
-//
-// The CTA's first item is read beside the header, not after it: the header,
-// the item, its block ids and its first K/V form a chain of dependent loads
-// before any byte of the cache arrives, and a lone decode's CTAs each read
-// only 256 KB after it. The item region holds at least a grid's slots (its
-// capacity starts above any GPU's multiprocessor count: a captured grid's
-// wave) and is zero-filled when allocated, so a slot past the plan reads
-// zeros it never uses.
 template <typename F>
 __device__ __forceinline__ void for_each_item(const FlashParams& p, F&& f) {
   const int kv_head = static_cast<int>(blockIdx.x) % p.num_kv_heads;
   const int group = p.num_heads / p.num_kv_heads;
-  const int item_stride = static_cast<int>(gridDim.x) / p.num_kv_heads;
-  int w = static_cast<int>(blockIdx.x) / p.num_kv_heads;
-  WorkItem item = load_plan_entry(p.items + w);
-  const PlanHeader header = load_plan_entry(p.header);
-  for (; w < header.num_items; w += item_stride) {
-    f(item, kv_head, group, header.block_table_stride);
-    if (w + item_stride < header.num_items) item = load_plan_entry(p.items + w + item_stride);
-  }
+  for_each_plan_entry(
+      p, p.items, static_cast<int>(blockIdx.x) / p.num_kv_heads, static_cast<int>(gridDim.x) / p.num_kv_heads,
+      [](const PlanHeader& h) { return h.num_items; },
+      [&](const WorkItem& item, const PlanHeader& h) { f(item, kv_head, group, h.block_table_stride); });
 }
 
 // Persistent kernels: calls f(item, kv_head, group, block_table_stride) for
