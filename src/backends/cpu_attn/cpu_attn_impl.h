@@ -12,7 +12,7 @@ namespace pagedattn {
 // Environment variable forcing the kernels' ISA: avx512bf16, avx512, avx2 or scalar.
 inline constexpr const char* kCpuIsaEnv = "PAGEDATTN_CPU_ISA";
 
-// Applies PAGEDATTN_CPU_ISA once per process (later calls are no-ops). Throws
+// Applies PAGEDATTN_CPU_ISA once per process. Every call throws
 // InvalidArgument for an unknown name and Unsupported for an ISA this build or
 // CPU cannot run.
 void apply_cpu_isa_from_env();
