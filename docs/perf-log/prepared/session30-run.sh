@@ -12,10 +12,14 @@
 #   early      session30-early-launch.diff: the mma.sync kernels launched as
 #              programmatic dependents (E) against the same build launching
 #              them plainly (P: early_launch false, host-only rebuild)
+#   all        every patch applied (fp8-mma after fp8-query): one kernels run
+#              for all of them, then fp8-query's, early's and a shorter mixed
+#              comparison on the same build, each skipped once the call nears
+#              the device tool's 600 s (what ran is in summary.txt)
 # Every mode first runs scripts/gpu kernels on the patched tree (CUDA tests,
 # conformance: with fp8-query every e4m3 case quantizes its queries).
 set -uo pipefail
-MODE=${1:?mixed, fp8-query or early}
+MODE=${1:?mixed, fp8-query, early or all}
 O=${OUT:-$PWD/s30-out}; mkdir -p "$O"
 S=$(date +%s)
 t() { echo "[$(( $(date +%s) - S )) s] $*" | tee -a "$O/summary.txt"; }
@@ -38,6 +42,8 @@ host_ab() {  # a b sed_expression rounds specs...
   ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_$b.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$b
   t "$b built $?"
   cp /tmp/impl.cpp $impl
+  # Mode all builds its next variants from this build: back to A first.
+  if [ "$MODE" = all ]; then ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_back_$a.log 2>&1; t "back to $a $?"; fi
   for r in $(seq "$rounds"); do
     for v in $a $b; do
       [ -x /tmp/v/$v ] || continue
@@ -48,7 +54,30 @@ host_ab() {  # a b sed_expression rounds specs...
   done
 }
 
-if [ "$MODE" = mixed ]; then
+# Whether `need` more seconds fit before the call's 600 s.
+fits() { [ $(( $(date +%s) - S + $1 )) -lt 570 ] || { t "skipped: $2 (no time left)"; false; }; }
+
+if [ "$MODE" = all ]; then
+  fits 150 fp8-query && host_ab Q N 's/supports_quant_query_input() const override { return true; }/supports_quant_query_input() const override { return false; }/' 2 \
+    8q4k 64q1s4k 1q1s8k
+  fits 120 early && host_ab E P 's/  k.early_launch = plan->sm_version >= kEarlyLaunchSmVersion;/  k.early_launch = false;/' 2 \
+    1q1s8k 64q1s4k q2k_63q1s4k
+  if fits 120 mixed; then
+    H=src/backends/cuda_flash/flash_planner.h
+    cp $H /tmp/planner.h
+    sed -i "s/kMixedDecodeSpanNum = [0-9]*;/kMixedDecodeSpanNum = 1;/; s/kMixedDecodeSpanDen = [0-9]*;/kMixedDecodeSpanDen = 1;/; s/kMixedDecodeKeys = [0-9]*;/kMixedDecodeKeys = 1073741824;/" $H
+    ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_V1.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/V1; t "V1 built $?"
+    cp /tmp/planner.h $H
+    cp /tmp/v/Q /tmp/v/V6
+    for r in 1 2; do
+      for v in V1 V6; do
+        [ -x /tmp/v/$v ] || continue
+        t "round $r $v"
+        timeout 60 /tmp/v/$v q2k_63q1s4k q1k_16q1s4k q512_32q1s2k --label "$v$r" 2>&1 | grep -v "^device\|^spec" | tee -a "$O/bench.txt"
+      done
+    done
+  fi
+elif [ "$MODE" = mixed ]; then
   mkdir -p /tmp/v /tmp/j
   H=src/backends/cuda_flash/flash_planner.h
   cp $H /tmp/planner.h
