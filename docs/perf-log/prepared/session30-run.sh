@@ -12,14 +12,18 @@
 #   early      session30-early-launch.diff: the mma.sync kernels launched as
 #              programmatic dependents (E) against the same build launching
 #              them plainly (P: early_launch false, host-only rebuild)
+#   boundary   session31-wgmma-boundary.diff: the wgmma kernels with the
+#              scheduling boundary before the P V wait (W) against the same
+#              build without it (X: the call removed, the wgmma units rebuilt)
 #   all        every patch applied (fp8-mma after fp8-query): one kernels run
-#              for all of them, then fp8-query's, early's and a shorter mixed
-#              comparison on the same build, each skipped once the call nears
-#              the device tool's 600 s (what ran is in summary.txt)
+#              for all of them, then boundary's (its fp8 rows run the fp8
+#              MMAs), early's, a shorter mixed and fp8-query's comparison on
+#              the same build, each skipped once the call nears the device
+#              tool's 600 s (what ran is in summary.txt)
 # Every mode first runs scripts/gpu kernels on the patched tree (CUDA tests,
 # conformance: with fp8-query every e4m3 case quantizes its queries).
 set -uo pipefail
-MODE=${1:?mixed, fp8-query, early or all}
+MODE=${1:?mixed, fp8-query, early, boundary or all}
 O=${OUT:-$PWD/s30-out}; mkdir -p "$O"
 S=$(date +%s)
 t() { echo "[$(( $(date +%s) - S )) s] $*" | tee -a "$O/summary.txt"; }
@@ -28,20 +32,23 @@ t "kernels mode"
 OUT=/tmp/k-out timeout 300 scripts/gpu kernels 1q1s8k 64q1s4k 8q4k > "$O/kernels.log" 2>&1; t "kernels rc $?"
 cp /tmp/k-out/summary.txt "$O/kernels_summary.txt" 2>/dev/null
 # A against B: A the kernels-mode build, B the same with the sed expression
-# applied to flash_impl.cpp (a host-only rebuild), alternated `rounds` times
-# over the specs, bf16 and fp8 K/V.
+# applied to flash_impl.cpp (a host-only rebuild; AB_FILE names another file,
+# e.g. a kernel header), alternated `rounds` times over the specs, bf16 and
+# fp8 K/V.
 host_ab() {  # a b sed_expression rounds specs...
   local a=$1 b=$2 expression=$3 rounds=$4 r v
   shift 4
   mkdir -p /tmp/v
   cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$a
-  local impl=src/backends/cuda_flash/flash_impl.cpp
+  local impl=${AB_FILE:-src/backends/cuda_flash/flash_impl.cpp}
   cp $impl /tmp/impl.cpp
   sed -i "$expression" $impl
   cmp -s $impl /tmp/impl.cpp && t "the edit for $b matched nothing"
+  touch $impl
   ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_$b.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$b
   t "$b built $?"
   cp /tmp/impl.cpp $impl
+  touch $impl
   # Mode all builds its next variants from this build: back to A first.
   if [ "$MODE" = all ]; then ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_back_$a.log 2>&1; t "back to $a $?"; fi
   for r in $(seq "$rounds"); do
@@ -57,18 +64,22 @@ host_ab() {  # a b sed_expression rounds specs...
 # Whether `need` more seconds fit before the call's 600 s.
 fits() { [ $(( $(date +%s) - S + $1 )) -lt 570 ] || { t "skipped: $2 (no time left)"; false; }; }
 
+BOUNDARY=(src/backends/cuda_flash/kernels/flash_wgmma_prefill.cuh '/scheduling_boundary(p.num_sms <= 0);/d')
+
 if [ "$MODE" = all ]; then
-  fits 150 fp8-query && host_ab Q N 's/supports_quant_query_input() const override { return true; }/supports_quant_query_input() const override { return false; }/' 2 \
-    8q4k 64q1s4k 1q1s8k
+  fits 200 boundary && AB_FILE=${BOUNDARY[0]} host_ab W X "${BOUNDARY[1]}" 2 8q4k 2q16k
   fits 120 early && host_ab E P 's/  k.early_launch = plan->sm_version >= kEarlyLaunchSmVersion;/  k.early_launch = false;/' 2 \
     1q1s8k 64q1s4k q2k_63q1s4k
   if fits 120 mixed; then
     H=src/backends/cuda_flash/flash_planner.h
+    mkdir -p /tmp/v
+    cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/V6
     cp $H /tmp/planner.h
     sed -i "s/kMixedDecodeSpanNum = [0-9]*;/kMixedDecodeSpanNum = 1;/; s/kMixedDecodeSpanDen = [0-9]*;/kMixedDecodeSpanDen = 1;/; s/kMixedDecodeKeys = [0-9]*;/kMixedDecodeKeys = 1073741824;/" $H
     ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_V1.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/V1; t "V1 built $?"
     cp /tmp/planner.h $H
-    cp /tmp/v/Q /tmp/v/V6
+    touch $H
+    ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_back_V6.log 2>&1; t "back to V6 $?"
     for r in 1 2; do
       for v in V1 V6; do
         [ -x /tmp/v/$v ] || continue
@@ -77,6 +88,8 @@ if [ "$MODE" = all ]; then
       done
     done
   fi
+  fits 150 fp8-query && host_ab Q N 's/supports_quant_query_input() const override { return true; }/supports_quant_query_input() const override { return false; }/' 2 \
+    8q4k 64q1s4k 1q1s8k
 elif [ "$MODE" = mixed ]; then
   mkdir -p /tmp/v /tmp/j
   H=src/backends/cuda_flash/flash_planner.h
@@ -108,6 +121,8 @@ elif [ "$MODE" = mixed ]; then
   echo "initcheck rc $?: $(grep -E 'ERROR SUMMARY' /tmp/cs.log | tail -1)" | tee -a "$O/summary.txt"
   grep -E "ok$|FAILED" /tmp/cs.log | head -6 >> "$O/summary.txt"
   tar -czf "$O/json.tgz" -C /tmp j 2>/dev/null
+elif [ "$MODE" = boundary ]; then
+  AB_FILE=${BOUNDARY[0]} host_ab W X "${BOUNDARY[1]}" 3 8q4k 2q16k
 elif [ "$MODE" = early ]; then
   host_ab E P 's/  k.early_launch = plan->sm_version >= kEarlyLaunchSmVersion;/  k.early_launch = false;/' 3 \
     1q1s8k 2q1s4k 64q1s4k 8q1s32k q2k_63q1s4k
