@@ -11,8 +11,7 @@
 #include "backends/cpu_attn/thread_pool.h"
 
 #include <cstdlib>
-#include <string>
-#include <utility>
+#include <exception>
 
 namespace pagedattn {
 
@@ -31,24 +30,26 @@ CacheOperand cache_operand(const TensorView& t) {  // [NB, BS, Hkv, D]
 }  // namespace
 
 void apply_cpu_isa_from_env() {
-  // The static caches the outcome, never an exception: an initializer that
-  // throws leaves its guard to the next caller, and under TSan a caller that
-  // waited on that guard in another thread is never woken (the conformance
-  // runner constructs impls from several threads at once).
-  enum class Outcome { kApplied, kUnknownName, kUnavailable };
-  static const std::pair<Outcome, std::string> outcome = [] {
-    const char* value = std::getenv(kCpuIsaEnv);
-    if (value == nullptr || *value == '\0') return std::pair{Outcome::kApplied, std::string()};
-    const auto isa = cpu_attn::parse_isa(value);
-    if (!isa.has_value()) return std::pair{Outcome::kUnknownName, std::string(value)};
-    return std::pair{cpu_attn::set_isa(*isa) ? Outcome::kApplied : Outcome::kUnavailable, std::string(value)};
+  // The static caches the outcome, a failure as its exception, and never
+  // lets the initializer throw: one that throws leaves its guard to the next
+  // caller, and under TSan a caller waiting on that guard in another thread is
+  // never woken (the conformance runner constructs impls from several threads).
+  static const std::exception_ptr failure = []() -> std::exception_ptr {
+    try {
+      const char* value = std::getenv(kCpuIsaEnv);
+      if (value == nullptr || *value == '\0') return nullptr;
+      const auto isa = cpu_attn::parse_isa(value);
+      check_arg(isa.has_value(), "CPU_ATTN", kCpuIsaEnv, "avx512bf16, avx512, avx2 or scalar",
+                fmt::format("'{}'", value));
+      if (!cpu_attn::set_isa(*isa)) {
+        throw_unsupported("CPU_ATTN", fmt::format("{}={} is not available on this CPU or build", kCpuIsaEnv, value));
+      }
+      return nullptr;
+    } catch (...) {
+      return std::current_exception();
+    }
   }();
-  const auto& [result, value] = outcome;
-  check_arg(result != Outcome::kUnknownName, "CPU_ATTN", kCpuIsaEnv, "avx512bf16, avx512, avx2 or scalar",
-            fmt::format("'{}'", value));
-  if (result == Outcome::kUnavailable) {
-    throw_unsupported("CPU_ATTN", fmt::format("{}={} is not available on this CPU or build", kCpuIsaEnv, value));
-  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 CpuAttnImpl::CpuAttnImpl(AttentionImplParams params)

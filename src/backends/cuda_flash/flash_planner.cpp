@@ -179,18 +179,19 @@ void sort_heaviest_first(WorkList& plan, const PlanInputs& in) {
 // sort_heaviest_first leaves it: decode items first.
 void interleave_kinds(WorkList& plan) {
   const std::vector<WorkItem> sorted = plan.items;
-  const auto decodes_end = std::partition_point(sorted.begin(), sorted.end(), [](const WorkItem& w) {
+  const auto decodes = sorted.begin();
+  const auto prefills = std::partition_point(decodes, sorted.end(), [](const WorkItem& w) {
     return w.mode == static_cast<int>(TileMode::Decode);
   });
-  const std::int64_t nd = decodes_end - sorted.begin();
-  const std::int64_t np = sorted.end() - decodes_end;
+  const std::int64_t nd = prefills - decodes;
+  const std::int64_t np = sorted.end() - prefills;
   if (nd == 0 || np == 0) return;
   std::int64_t i = 0;
   std::int64_t j = 0;
   // Item k of a kind of n sits at (k + 1/2) / n of the list; ties go to decode.
   for (WorkItem& slot : plan.items) {
     const bool take_decode = j == np || (i < nd && (2 * i + 1) * np <= (2 * j + 1) * nd);
-    slot = take_decode ? sorted[static_cast<std::size_t>(i++)] : *(decodes_end + j++);
+    slot = take_decode ? decodes[i++] : prefills[j++];
   }
 }
 
