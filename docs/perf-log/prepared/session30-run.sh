@@ -65,53 +65,50 @@ host_ab() {  # a b sed_expression rounds specs...
 fits() { [ $(( $(date +%s) - S + $1 )) -lt 570 ] || { t "skipped: $2 (no time left)"; false; }; }
 
 BOUNDARY=(src/backends/cuda_flash/kernels/flash_wgmma_prefill.cuh '/scheduling_boundary(p.num_sms <= 0);/d')
+EARLY_OFF='s/  k.early_launch = plan->sm_version >= kEarlyLaunchSmVersion;/  k.early_launch = false;/'
+QUERY_OFF='s/supports_quant_query_input() const override { return true; }/supports_quant_query_input() const override { return false; }/'
+
+# Mixed-step plan variants: the planner's three constants set (a host-only
+# rebuild) from its patched header, saved once.
+H=src/backends/cuda_flash/flash_planner.h
+setv() {  # name num den keys
+  mkdir -p /tmp/v
+  [ -f /tmp/planner.h ] || cp $H /tmp/planner.h
+  cp /tmp/planner.h $H
+  sed -i "s/kMixedDecodeSpanNum = [0-9]*;/kMixedDecodeSpanNum = $2;/; s/kMixedDecodeSpanDen = [0-9]*;/kMixedDecodeSpanDen = $3;/; s/kMixedDecodeKeys = [0-9]*;/kMixedDecodeKeys = $4;/" $H
+  ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_$1.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$1; t "$1 built $? ($2/$3, $4)"
+}
+mix_rounds() {  # "variants" json_dir specs...
+  local variants=$1 json=$2 r v
+  shift 2
+  for r in 1 2; do
+    for v in $variants; do
+      [ -x /tmp/v/$v ] || continue
+      t "round $r $v"
+      timeout 60 /tmp/v/$v "$@" --label "$v$r" ${json:+--json "$json/b_${v}_$r.json"} 2>&1 |
+        grep -v "^device\|^spec" | tee -a "$O/bench.txt"
+    done
+  done
+}
 
 if [ "$MODE" = all ]; then
   fits 200 boundary && AB_FILE=${BOUNDARY[0]} host_ab W X "${BOUNDARY[1]}" 2 8q4k 2q16k
-  fits 120 early && host_ab E P 's/  k.early_launch = plan->sm_version >= kEarlyLaunchSmVersion;/  k.early_launch = false;/' 2 \
-    1q1s8k 64q1s4k q2k_63q1s4k
+  fits 120 early && host_ab E P "$EARLY_OFF" 2 1q1s8k 64q1s4k q2k_63q1s4k
   if fits 120 mixed; then
-    H=src/backends/cuda_flash/flash_planner.h
-    mkdir -p /tmp/v
-    cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/V6
-    cp $H /tmp/planner.h
-    sed -i "s/kMixedDecodeSpanNum = [0-9]*;/kMixedDecodeSpanNum = 1;/; s/kMixedDecodeSpanDen = [0-9]*;/kMixedDecodeSpanDen = 1;/; s/kMixedDecodeKeys = [0-9]*;/kMixedDecodeKeys = 1073741824;/" $H
-    ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_V1.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/V1; t "V1 built $?"
+    setv V1 1 1 1073741824
+    setv V6 3 4 2048  # the patch's values: the build is A again
     cp /tmp/planner.h $H
-    touch $H
-    ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_back_V6.log 2>&1; t "back to V6 $?"
-    for r in 1 2; do
-      for v in V1 V6; do
-        [ -x /tmp/v/$v ] || continue
-        t "round $r $v"
-        timeout 60 /tmp/v/$v q2k_63q1s4k q1k_16q1s4k q512_32q1s2k --label "$v$r" 2>&1 | grep -v "^device\|^spec" | tee -a "$O/bench.txt"
-      done
-    done
+    mix_rounds "V1 V6" "" q2k_63q1s4k q1k_16q1s4k q512_32q1s2k
   fi
-  fits 150 fp8-query && host_ab Q N 's/supports_quant_query_input() const override { return true; }/supports_quant_query_input() const override { return false; }/' 2 \
-    8q4k 64q1s4k 1q1s8k
+  fits 150 fp8-query && host_ab Q N "$QUERY_OFF" 2 8q4k 64q1s4k 1q1s8k
 elif [ "$MODE" = mixed ]; then
-  mkdir -p /tmp/v /tmp/j
-  H=src/backends/cuda_flash/flash_planner.h
-  cp $H /tmp/planner.h
-  setv() {  # name num den keys
-    cp /tmp/planner.h $H
-    sed -i "s/kMixedDecodeSpanNum = [0-9]*;/kMixedDecodeSpanNum = $2;/; s/kMixedDecodeSpanDen = [0-9]*;/kMixedDecodeSpanDen = $3;/; s/kMixedDecodeKeys = [0-9]*;/kMixedDecodeKeys = $4;/" $H
-    ninja -C $BUILD pagedattn_gpu_bench > /tmp/build_$1.log 2>&1 && cp $BUILD/bin/pagedattn_gpu_bench /tmp/v/$1; t "$1 built $? ($2/$3, $4)"
-  }
+  mkdir -p /tmp/j
   setv V1 1 1 1073741824
   setv V2 3 4 1073741824
   setv V4 1 1 2048
   setv V6 3 4 2048
   cp /tmp/planner.h $H
-  MIX="q2k_63q1s4k q1k_16q1s4k q512_32q1s2k q4k_32q1s8k"
-  for r in 1 2; do
-    for v in V1 V2 V4 V6; do
-      [ -x /tmp/v/$v ] || continue
-      t "round $r $v"
-      timeout 60 /tmp/v/$v $MIX --label "$v$r" --json "/tmp/j/b_${v}_$r.json" 2>&1 | grep -v "^device\|^spec" | tee -a "$O/bench.txt"
-    done
-  done
+  mix_rounds "V1 V2 V4 V6" /tmp/j q2k_63q1s4k q1k_16q1s4k q512_32q1s2k q4k_32q1s8k
   for r in 1 2; do
     t "fp8 round $r"
     timeout 60 /tmp/v/V6 64q1s4k 8q1s32k --kv-cache-dtype auto,fp8 --label "F$r" 2>&1 | grep -v "^device\|^spec" | tee -a "$O/bench.txt"
@@ -124,10 +121,8 @@ elif [ "$MODE" = mixed ]; then
 elif [ "$MODE" = boundary ]; then
   AB_FILE=${BOUNDARY[0]} host_ab W X "${BOUNDARY[1]}" 3 8q4k 2q16k
 elif [ "$MODE" = early ]; then
-  host_ab E P 's/  k.early_launch = plan->sm_version >= kEarlyLaunchSmVersion;/  k.early_launch = false;/' 3 \
-    1q1s8k 2q1s4k 64q1s4k 8q1s32k q2k_63q1s4k
+  host_ab E P "$EARLY_OFF" 3 1q1s8k 2q1s4k 64q1s4k 8q1s32k q2k_63q1s4k
 else
-  host_ab Q N 's/supports_quant_query_input() const override { return true; }/supports_quant_query_input() const override { return false; }/' 2 \
-    64q1s4k 8q1s32k 1q1s8k 8q4k q2k_63q1s4k
+  host_ab Q N "$QUERY_OFF" 2 64q1s4k 8q1s32k 1q1s8k 8q4k q2k_63q1s4k
 fi
 t done
