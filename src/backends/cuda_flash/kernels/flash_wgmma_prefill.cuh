@@ -45,13 +45,10 @@ inline constexpr int kWgmmaThreads = kWgmmaConsumerThreads + kWarpgroupThreads;
 inline constexpr int kWgmmaK = 16;  // the reduction depth of one 16-bit wgmma
 inline constexpr int kSm90MaxSmemBytes = 227 * 1024;  // dynamic shared memory a CTA may opt into
 // Registers per thread after the hand-over: the launch gets 168 per thread
-// (384 threads), 504 per thread slot of the three warpgroups; the producer,
-// which walks the page table, issues copies and converts fp8 tiles, passes
-// the rest to the consumers' accumulators (2 x 216 + 72 = 504). At 56 the
-// producer spilled in its loop (class 64: 48 B of spill stores, none at 72);
-// 72 / 216 ran causal 8q4k 3.4 % faster than 56 / 224 and its fp8 twin 6.6 %
-// on an H100, class 256 level. 88 / 208 and 104 / 200 spill more in the
-// consumers (docs/perf-log/cuda_flash-issue-31b.md).
+// (384 threads), 504 per thread slot of the three warpgroups. The producer
+// walks the page table, issues copies and converts fp8 tiles; with 56 it
+// spilled in that loop, so it keeps 72 and passes the rest to the consumers'
+// accumulators (2 x 216 + 72 = 504; docs/perf-log/cuda_flash-issue-31b.md).
 inline constexpr int kProducerRegs = 72;
 inline constexpr int kConsumerRegs = 216;
 
