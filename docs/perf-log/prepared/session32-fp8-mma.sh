@@ -25,4 +25,13 @@ for r in 1 2 3; do
     timeout 60 /tmp/v/$v 8q4k 2q16k 64q1s4k --kv-cache-dtype auto,fp8 --label $v$r 2>&1 | grep -v "^device\|^spec" | sed "s/^/$v$r /" | tee -a "$O/fp8mma.txt"
   done
 done
+# Where the lone fp8 decode's time goes, beside the bf16 one (N: its queries
+# stay 16-bit), while the call has time.
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+for kv in auto fp8; do
+  [ $(( $(date +%s) - S )) -lt 500 ] || { t "ncu $kv skipped (no time left)"; continue; }
+  timeout 50 "$ncu" --clock-control none -k regex:attention_kernel --launch-count 1 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
+    /tmp/v/N 64q1s4k --kv-cache-dtype $kv --warmup 1 --repeats 3 > "$O/ncu_$kv.txt" 2>&1; t "ncu $kv rc $?"
+done
 t done
