@@ -41,10 +41,11 @@ run() {  # variant, label, then bench arguments
   local v=$1 l=$2; shift 2
   timeout 40 /tmp/v/$v "$@" --label $l 2>&1 | grep -v "^device\|^spec" | sed "s/^/$l /" | tee -a "$O/ab.txt"
 }
-# Rounds stop where the tests' share of the call begins.
+# Rounds stop where the tests' share of the call begins (none below 450 s).
+R=10; [ "$L" -ge 450 ] && R=150
 for r in 1 2 3; do
   for v in Q N M; do
-    left $((L - 150)) || { t "round $r $v skipped (no time left)"; continue; }
+    left $((L - R)) || { t "round $r $v skipped (no time left)"; continue; }
     [ -x /tmp/v/$v ] || continue
     if [ $v = Q ]; then
       run Q Q$r 8q4k 2q16k 64q1s4k --kv-cache-dtype fp8
