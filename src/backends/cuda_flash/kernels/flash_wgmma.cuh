@@ -62,6 +62,15 @@ __device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint
          (kDescSwizzle128 << kDescLayoutShift);
 }
 
+// `x` through an empty asm the compiler cannot see through or move: values
+// derived from it inside a loop are computed there each iteration instead of
+// hoisted out and kept live across the loop (ptxas spilled the hoisted Q
+// descriptors of the wgmma prefill and reloaded all eight every tile).
+__device__ __forceinline__ std::uint32_t opaque(std::uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Orders this thread's register writes before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() {
 #if PAGEDATTN_WGMMA_ENABLED

@@ -333,6 +333,11 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
   const int my_turn = kTurnBarrier + wg;
   const int their_turn = kTurnBarrier + 1 - wg;
   const std::uint32_t q_addr = smem_addr(q_s) + static_cast<std::uint32_t>(wg * kWgmmaTileRows * kSwizzleBytes);
+  // Class 256: the eight Q descriptors of S = Q K^T are computed each tile;
+  // hoisted, ptxas spilled and reloaded them every tile. At classes 64 and
+  // 128 their spills are fewer and computing them cost more than it saved
+  // (docs/perf-log/cuda_flash-issue-31b.md).
+  constexpr bool kPerTileQDescriptors = kHC > 128;
 
   int seq = 0;
   int pass = 0;
@@ -355,12 +360,13 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
       // bytes of each row sit inside one 64-dim panel), issued, not waited for.
       const auto issue_qk = [&](int t, float(&s)[kNT][4]) {
         const std::uint32_t k_addr = smem_addr(k_s + buf_of(t) * L::kTileBytes);
+        const std::uint32_t q_tile_addr = kPerTileQDescriptors ? opaque(q_addr) : q_addr;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kHC / kWgmmaK; ++kk) {
           const auto step = static_cast<std::uint32_t>((kk % kKStepsPerPanel) * kWgmmaK * 2);
           const auto panel = static_cast<std::uint32_t>(kk / kKStepsPerPanel);
-          const std::uint64_t dq = smem_desc(q_addr + panel * kQPanelStride + step, kChunkBytes, kAtomStride);
+          const std::uint64_t dq = smem_desc(q_tile_addr + panel * kQPanelStride + step, kChunkBytes, kAtomStride);
           const std::uint64_t dk = smem_desc(k_addr + panel * L::kPanelStride + step, kChunkBytes, kAtomStride);
           if constexpr (L::kTileKeys == 128) {
             if (kk == 0) {
