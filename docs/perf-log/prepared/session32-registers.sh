@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The next session's first device call (docs/perf-log/prepared/README.md), on
-# main as it is: `scripts/gpu perf` (docs/perf.md's table with attempt 57),
-# then four builds of the wgmma kernel alternated, three rounds while the
-# call has time: R72 (main, registers 72 / 216), R56 (56 / 224, before
-# attempt 57), D72 (main with session32-q-descriptors.diff, attempt 60) and
-# R88 (88 / 208, attempt 58), the wgmma units rebuilt for each; causal 8q4k
+# main as it is: `scripts/gpu perf` (docs/perf.md's table with attempts 57
+# and 60), then three builds of the wgmma kernel alternated, three rounds
+# while the call has time: R72 (main, registers 72 / 216), R56 (56 / 224,
+# before attempt 57) and R88 (88 / 208, attempt 58), the wgmma units rebuilt
+# for each; causal 8q4k
 # and 2q16k with bf16 and fp8 K/V at head size 128, 8q4k at 64 and 256. Carry .gpu-deps
 # (FlashInfer's wheels and modules, Highway, xxHash). Results in $OUT:
 # the perf mode's report.md, report.json, summary.txt and charts.png, and
@@ -24,11 +24,8 @@ for v in "R56 56 224" "R88 88 208"; do
   ninja -C $B pagedattn_gpu_bench > /tmp/b_$1.log 2>&1 && cp $B/bin/pagedattn_gpu_bench /tmp/v/$1; t "$1 built $?"
 done
 cp /tmp/wgmma.cuh $H
-patch -s -p1 < docs/perf-log/prepared/session32-q-descriptors.diff
-ninja -C $B pagedattn_gpu_bench > /tmp/b_D72.log 2>&1 && cp $B/bin/pagedattn_gpu_bench /tmp/v/D72; t "D72 built $?"
-patch -s -p1 -R < docs/perf-log/prepared/session32-q-descriptors.diff
 for r in 1 2 3; do
-  for v in R72 R56 D72 R88; do
+  for v in R72 R56 R88; do
     [ $(( $(date +%s) - S )) -lt 560 ] || { t "round $r $v skipped (no time left)"; continue; }
     [ -x /tmp/v/$v ] || continue
     timeout 40 /tmp/v/$v 8q4k 2q16k --kv-cache-dtype auto,fp8 --label $v$r 2>&1 | grep -v "^device\|^spec" | sed "s/^/$v$r /" | tee -a "$O/regs.txt"
