@@ -64,8 +64,7 @@ __device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint
 
 // `x` through an empty asm the compiler cannot see through or move: values
 // derived from it inside a loop are computed there each iteration instead of
-// hoisted out and kept live across the loop (ptxas spilled the hoisted Q
-// descriptors of the wgmma prefill and reloaded all eight every tile).
+// hoisted out and kept live (or spilled) across the loop.
 __device__ __forceinline__ std::uint32_t opaque(std::uint32_t x) {
   asm volatile("" : "+r"(x));
   return x;
