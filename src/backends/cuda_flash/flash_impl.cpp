@@ -37,6 +37,16 @@ void check_vector_aligned(const TensorView& t, std::string_view name) {
   }
 }
 
+// Whether every row of t starts on a 16-byte boundary and its last dimension
+// is whole 16-byte chunks (choose_kernel's kv_rows_16b).
+bool rows_16b(const TensorView& t) {
+  const std::int64_t elem = t.element_size();
+  bool ok = reinterpret_cast<std::uintptr_t>(t.data()) % kVectorBytes == 0 &&
+            (t.size(t.dim() - 1) * elem) % static_cast<std::int64_t>(kVectorBytes) == 0;
+  for (int d = 0; d + 1 < t.dim(); ++d) ok = ok && (t.stride(d) * elem) % static_cast<std::int64_t>(kVectorBytes) == 0;
+  return ok;
+}
+
 class FlashImpl final : public AttentionImpl {
  public:
   FlashImpl(AttentionImplParams params, const AttentionBackend& backend)
@@ -70,6 +80,7 @@ class FlashImpl final : public AttentionImpl {
     const FlashMetadata* plan = nullptr;
     int tokens = 0;
     ForwardShape shape;
+    bool kv_rows_16b = false;  // choose_kernel's kv_rows_16b
   };
   CheckedForward check(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
                        const TensorView& value, const KVCacheView& kv_cache, const BackendMetadata& metadata,
@@ -113,7 +124,9 @@ FlashImpl::CheckedForward FlashImpl::check(const LayerQuantState& layer, const T
     check_vector_aligned(key, "key");
     check_vector_aligned(value, "value");
   }
-  return {plan, metadata.common.num_actual_tokens, shape};
+  const bool kv_rows_16b = shape.paged ? rows_16b(kv_cache.key) && rows_16b(kv_cache.value)
+                                       : rows_16b(key) && rows_16b(value);
+  return {plan, metadata.common.num_actual_tokens, shape, kv_rows_16b};
 }
 
 void FlashImpl::check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,
@@ -203,7 +216,7 @@ void FlashImpl::forward(const LayerQuantState& layer, const TensorView& query, c
   k.partial_out = plan->partial_out;
   k.partial_lse = plan->partial_lse;
   k.kernel = choose_kernel(head_size_class(p.head_size), checked.shape.token_head_scales, plan->decode_only,
-                           plan->prefill_only, plan->sm_version, plan->batch_invariant);
+                           plan->prefill_only, plan->sm_version, plan->batch_invariant, checked.kv_rows_16b);
 
   cuda::DeviceGuard guard(device.index);
   const auto stream = static_cast<cudaStream_t>(cuda::current_stream());

@@ -128,6 +128,10 @@ TEST(FlashPlannerTest, StepKindAndDeviceChooseTheKernel) {
   // Batch-invariant plans: always the mixed kernel.
   EXPECT_EQ(choose_kernel(128, false, false, true, kWgmmaSmVersion, true), KernelKind::Mixed);
   EXPECT_EQ(choose_kernel(128, false, true, false, kWgmmaSmVersion, true), KernelKind::Mixed);
+  // K/V rows that 16-byte copies cannot take (fp8, head size % 16 != 0 or
+  // unaligned): the wide-fp8 classes' decode-only kernels are out.
+  EXPECT_EQ(choose_kernel(128, false, true, false, kWgmmaSmVersion, false, false), KernelKind::Mixed);
+  EXPECT_EQ(choose_kernel(64, false, true, false, kWgmmaSmVersion, false, false), KernelKind::DecodeOnly);
 }
 
 // A batch-invariant plan gives a request the same items alone and in a

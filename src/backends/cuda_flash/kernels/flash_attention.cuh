@@ -173,7 +173,8 @@ __device__ __forceinline__ void scale_by_key(float (&s)[kNT][4], const float* sc
 }
 
 // kRing: the K/V tile buffers decode passes ring through (SmemLayout::kDecodeRing).
-template <int kHC, typename TIO, KvStore kKv, bool kDecode, int kRing>
+// kWideRaw: fp8 rows are copied 16 values at a time (has_wide_fp8_rows).
+template <int kHC, typename TIO, KvStore kKv, bool kDecode, int kRing, bool kWideRaw = false>
 __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head, int group, int bt_stride,
                          int row0, int rows, const SmemPtrs& sm) {
   constexpr bool kFp8 = kIsFp8<kKv>;
@@ -279,15 +280,23 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     l[mt][0] = l[mt][1] = 0.0f;
   }
 
-  // This thread copies one 16-byte column (my_ch) of kKeysPerThread
-  // consecutive keys of every tile (KvRunWalker).
-  const int my_ch = tid % S::kChunks;
-  const int my_run = tid / S::kChunks;
-  const KvRunWalker<S::kKeysPerThread> walker(p, item, kv_head, bt_stride, range, tile_lo, my_ch, my_run,
-                                               kFp8 ? 1 : 2);
+  // This thread copies one column (my_ch) of kRunKeys consecutive keys of
+  // every tile (KvRunWalker): 8 values a copy, 16 (16 bytes) in kWideRaw
+  // passes.
+  constexpr int kCopyElems = kWideRaw ? 2 * kChunkElems : kChunkElems;
+  constexpr int kCopyCols = kHC / kCopyElems;
+  constexpr int kRunKeys = kBlockN * kCopyCols / kThreads;
+  static_assert(!kWideRaw || (kFp8 && kDecode && kRunKeys % kScaleChunkKeys == 0),
+                "16-value copies are for fp8 decode passes whose runs are whole scale chunks");
+  static_assert(!kDecode || kRunKeys * (32 / kCopyCols) == kBlockN / kWarps,
+                "a decode pass's warp copies exactly the keys it computes on");
+  const int my_ch = tid % kCopyCols;
+  const int my_run = tid / kCopyCols;
+  const KvRunWalker<kRunKeys> walker(p, item, kv_head, bt_stride, range, tile_lo,
+                                     my_ch * (kCopyElems / kChunkElems), my_run, kFp8 ? 1 : 2);
 
   const auto issue_tile = [&](int t, int buf, RunStart run) {
-    T* k_dst = kv_s + buf * 2 * S::kTileElems + my_run * S::kKeysPerThread * S::kStride + my_ch * kChunkElems;
+    T* k_dst = kv_s + buf * 2 * S::kTileElems + my_run * kRunKeys * S::kStride + my_ch * kChunkElems;
     T* v_dst = k_dst + S::kTileElems;
     walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
       cp_async_16(k_dst + i * S::kStride, k_src, valid);
@@ -296,22 +305,28 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
   };
 
   // fp8: raw tiles land in a ring of kRawStages slots through 8-byte copies
-  // in the thread layout of the 16-bit copies; the MMA fragments are read
+  // in the thread layout of the 16-bit copies (16-byte ones in kWideRaw
+  // passes, half the columns and runs); the MMA fragments are read
   // from them with ldmatrix and converted in registers (no 16-bit tile).
   // Per-token-head scales: the threads of column 0 copy their run's K and V
   // scales into the stage's scale slot (zeros for keys outside the range).
   unsigned char* raw_s = static_cast<unsigned char*>(sm.kv);
   float* scale_s = reinterpret_cast<float*>(raw_s + S::kRawStages * 2 * S::kRawTileBytes);
-  const int raw_offset = my_run * S::kKeysPerThread * S::kRawStride + my_ch * kChunkElems;
+  const int raw_offset = my_run * kRunKeys * S::kRawStride + my_ch * kCopyElems;
   const auto issue_raw = [&](int t, RunStart run) {
     unsigned char* k_dst = raw_s + (t % S::kRawStages) * 2 * S::kRawTileBytes + raw_offset;
     unsigned char* v_dst = k_dst + S::kRawTileBytes;
     walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
-      cp_async_8(k_dst + i * S::kRawStride, k_src, valid);
-      cp_async_8(v_dst + i * S::kRawStride, v_src, valid);
+      if constexpr (kWideRaw) {
+        cp_async_16_ca(k_dst + i * S::kRawStride, k_src, valid);
+        cp_async_16_ca(v_dst + i * S::kRawStride, v_src, valid);
+      } else {
+        cp_async_8(k_dst + i * S::kRawStride, k_src, valid);
+        cp_async_8(v_dst + i * S::kRawStride, v_src, valid);
+      }
     });
     if (token_scaled && my_ch == 0) {
-      float* ks_dst = scale_s + (t % S::kRawStages) * S::kScaleStageFloats + my_run * S::kKeysPerThread;
+      float* ks_dst = scale_s + (t % S::kRawStages) * S::kScaleStageFloats + my_run * kRunKeys;
       copy_token_scales(walker, t, run, kv_head, p, ks_dst, ks_dst + kBlockN);
     }
   };
@@ -587,6 +602,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? decode_only_ctas_per_s
     attention_kernel(const FlashParams p) {
   using S = Shape<kHC, kIsFp8<kKv>>;
   using L = SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>;
+  constexpr bool kWideRaw = kDecodeOnly && kIsFp8<kKv> && kHC >= kWideFp8MinClass;  // has_wide_fp8_rows
   extern __shared__ __align__(16) unsigned char smem[];
   const SmemPtrs sm{smem, smem + L::kQBytes, reinterpret_cast<float*>(smem + L::kQBytes),
                     reinterpret_cast<float*>(smem + L::kQBytes + L::kBodyBytes)};
@@ -594,8 +610,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? decode_only_ctas_per_s
     const int rows_total = item.num_tokens * group;
     if (kDecodeOnly || item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
-        run_pass<kHC, T, kKv, true, L::kDecodeRing>(p, item, kv_head, group, bt_stride, row0,
-                                                    min(kDecodeRows, rows_total - row0), sm);
+        run_pass<kHC, T, kKv, true, L::kDecodeRing, kWideRaw>(p, item, kv_head, group, bt_stride, row0,
+                                                              min(kDecodeRows, rows_total - row0), sm);
       }
     } else if constexpr (!kDecodeOnly) {
       for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {

@@ -106,6 +106,14 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   cp_async_16_prefix(dst, src, valid ? 16 : 0);
 }
 
+// 16-byte variant through L1, as cp_async_8 (fp8 rows copied 16 values at a
+// time: faster through L1 than cp_async_16's L2-only path, has_wide_fp8_rows).
+__device__ __forceinline__ void cp_async_16_ca(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+
 // 8-byte variant (fp8 rows, whose 8-element chunks are 8 bytes); through L1.
 __device__ __forceinline__ void cp_async_8(void* dst, const void* src, bool valid) {
   const int src_bytes = valid ? 8 : 0;
