@@ -117,16 +117,12 @@ FlashImpl::CheckedForward FlashImpl::check(const LayerQuantState& layer, const T
                                                 metadata, output, lse, output_dtypes, supports_quant_query_input());
   check_vector_aligned(query, "query");
   check_vector_aligned(output, "output");
-  if (shape.paged) {
-    check_vector_aligned(kv_cache.key, "kv_cache.key");
-    check_vector_aligned(kv_cache.value, "kv_cache.value");
-  } else {
-    check_vector_aligned(key, "key");
-    check_vector_aligned(value, "value");
-  }
-  const bool kv_rows_16b = shape.paged ? rows_16b(kv_cache.key) && rows_16b(kv_cache.value)
-                                       : rows_16b(key) && rows_16b(value);
-  return {plan, metadata.common.num_actual_tokens, shape, kv_rows_16b};
+  // The K/V the kernels read: the paged cache, or the step's own K/V.
+  const TensorView& k_read = shape.paged ? kv_cache.key : key;
+  const TensorView& v_read = shape.paged ? kv_cache.value : value;
+  check_vector_aligned(k_read, shape.paged ? "kv_cache.key" : "key");
+  check_vector_aligned(v_read, shape.paged ? "kv_cache.value" : "value");
+  return {plan, metadata.common.num_actual_tokens, shape, rows_16b(k_read) && rows_16b(v_read)};
 }
 
 void FlashImpl::check_forward(const LayerQuantState& layer, const TensorView& query, const TensorView& key,

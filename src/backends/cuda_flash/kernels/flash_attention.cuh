@@ -80,6 +80,8 @@ struct SmemLayout {
   // K/V buffers a decode pass's warps ring through (run_pass): the 16-bit
   // decode-only kernels hold kDecodeOnlyStages 64-key tiles.
   static constexpr int kDecodeRing = kFp8 ? S::kRawStages : (kDecodeOnly ? kDecodeOnlyStages : S::kStages);
+  // Decode passes copy fp8 rows 16 values at a time (run_pass's kWideRaw).
+  static constexpr bool kWideRaw = kDecodeOnly && kFp8 && has_wide_fp8_rows(kHeadClass);
   static constexpr int kKVBytes = kDecodeOnly && !kFp8 ? kDecodeOnlyStages * S::kKVStageBytes : S::kKVBytes;
   static constexpr int kQRows = kDecodeOnly ? kDecodeRows : S::kPassRows;
   static constexpr int kStageRows = kDecodeOnly ? kWarps * kMmaRows : S::kPassRows;
@@ -602,7 +604,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? decode_only_ctas_per_s
     attention_kernel(const FlashParams p) {
   using S = Shape<kHC, kIsFp8<kKv>>;
   using L = SmemLayout<kHC, kIsFp8<kKv>, kDecodeOnly>;
-  constexpr bool kWideRaw = kDecodeOnly && kIsFp8<kKv> && kHC >= kWideFp8MinClass;  // has_wide_fp8_rows
   extern __shared__ __align__(16) unsigned char smem[];
   const SmemPtrs sm{smem, smem + L::kQBytes, reinterpret_cast<float*>(smem + L::kQBytes),
                     reinterpret_cast<float*>(smem + L::kQBytes + L::kBodyBytes)};
@@ -610,8 +611,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeOnly ? decode_only_ctas_per_s
     const int rows_total = item.num_tokens * group;
     if (kDecodeOnly || item.mode == static_cast<int>(TileMode::Decode)) {
       for (int row0 = 0; row0 < rows_total; row0 += kDecodeRows) {
-        run_pass<kHC, T, kKv, true, L::kDecodeRing, kWideRaw>(p, item, kv_head, group, bt_stride, row0,
-                                                              min(kDecodeRows, rows_total - row0), sm);
+        run_pass<kHC, T, kKv, true, L::kDecodeRing, L::kWideRaw>(p, item, kv_head, group, bt_stride, row0,
+                                                                 min(kDecodeRows, rows_total - row0), sm);
       }
     } else if constexpr (!kDecodeOnly) {
       for (int row0 = 0; row0 < rows_total; row0 += S::kPassRows) {
