@@ -132,6 +132,7 @@ TEST(FlashPlannerTest, StepKindAndDeviceChooseTheKernel) {
   // unaligned): the wide-fp8 classes' decode-only kernels are out.
   EXPECT_EQ(choose_kernel(128, false, true, false, kWgmmaSmVersion, false, false), KernelKind::Mixed);
   EXPECT_EQ(choose_kernel(64, false, true, false, kWgmmaSmVersion, false, false), KernelKind::DecodeOnly);
+  EXPECT_EQ(choose_kernel(128, false, false, true, kWgmmaSmVersion, false, false), KernelKind::Mixed);
 }
 
 // A batch-invariant plan gives a request the same items alone and in a

@@ -63,16 +63,18 @@ enum class KernelKind : std::int32_t {
 // kv_rows_16b: every K/V row of the step starts on a 16-byte boundary and
 // its head is whole 16-byte chunks (always so for 16-bit K/V, which the
 // forward checks; fp8 needs head size % 16 == 0 and 16-byte aligned base and
-// strides), which the decode-only kernels of the wide-fp8 classes need;
-// without it such a step runs the mixed kernel (the planner, which sees no
-// tensors, still sizes its splits for the decode-only kernel's occupancy).
+// strides), which the kernels copying 16-byte fp8 rows need (the wgmma
+// prefill and the decode-only kernels of the wide-fp8 classes); without it
+// such a step runs the mixed kernel (the planner, which sees no tensors,
+// still sizes its splits for the decode-only kernel's occupancy).
 constexpr KernelKind choose_kernel(int head_class, bool kv_token_scaled, bool decode_only, bool prefill_only,
                                    int sm_version, bool batch_invariant = false, bool kv_rows_16b = true) {
   if (batch_invariant) return KernelKind::Mixed;
   if (decode_only && has_decode_only_kernel(head_class) && (kv_rows_16b || !has_wide_fp8_rows(head_class))) {
     return KernelKind::DecodeOnly;
   }
-  if (prefill_only && !kv_token_scaled && has_wgmma_kernel(head_class) && sm_version == kWgmmaSmVersion) {
+  if (prefill_only && !kv_token_scaled && kv_rows_16b && has_wgmma_kernel(head_class) &&
+      sm_version == kWgmmaSmVersion) {
     return KernelKind::WgmmaPrefill;
   }
   return KernelKind::Mixed;

@@ -85,6 +85,10 @@ struct WgmmaRawRing {
   static constexpr int kStages = !kFp8 ? 0 : (kHC > 128 ? 1 : 2);
   static constexpr int kTileBytes = WgmmaLayout<kHC>::kTileKeys * kHC;  // one raw K or V tile
   static constexpr int kBytes = kStages * 2 * kTileBytes;
+  // The producer copies 16-byte columns (two 8-value chunks) of kKeysPerRun keys.
+  static constexpr int kPairCols = kHC / (2 * kChunkElems);
+  static constexpr int kKeysPerRun = WgmmaLayout<kHC>::kTileKeys * kPairCols / kWarpgroupThreads;
+  static_assert(kWarpgroupThreads % kPairCols == 0, "a thread's column must not change between its keys");
 };
 
 // Descriptor offsets of the swizzled tiles: 8-row atoms are 1024 B apart; the
@@ -165,8 +169,6 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
                               unsigned char* raw_s, const WgmmaBarriers& bars) {
   using L = WgmmaLayout<kHC>;
   const int tid = static_cast<int>(threadIdx.x) - kWgmmaConsumerThreads;
-  const int my_ch = tid % L::kChunks;
-  const int my_run = tid / L::kChunks;
   int seq = 0;
   int pass = 0;
   for_each_unit(p, [&](const WorkItem& item, int kv_head, int group, int bt_stride) {
@@ -182,8 +184,6 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
       cp_async_arrive(bars.q_full);
 
       const PassTiles pt = pass_tiles<L::kTileKeys>(p, item, group, row0, rows);
-      const KvRunWalker<L::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
-                                                             my_ch, my_run, kKvElemBytes<kKv>);
       // Waits until the consumers have released the previous tile of the
       // buffer of the CTA's tile gt in the K or V ring (`empty`: its release
       // barriers); a buffer's first tile waits for nothing.
@@ -191,6 +191,10 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
         if (gt >= L::kStages) mbarrier_wait(&empty[gt % L::kStages], (gt / L::kStages - 1) & 1);
       };
       if constexpr (kKv == KvStore::Bits16) {
+        const int my_ch = tid % L::kChunks;
+        const int my_run = tid / L::kChunks;
+        const KvRunWalker<L::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
+                                                               my_ch, my_run, kKvElemBytes<kKv>);
         RunStart run = walker.locate(0);
         for (int t = 0; t < pt.steps; ++t) {
           const int gt = seq + t;
@@ -216,32 +220,42 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
         // the same chunks of tile t, which only it wrote, into the swizzled
         // 16-bit tiles; it arrives once its stores are fenced for wgmma's
         // async reads.
+        // The raw rows are copied 16 bytes (two 8-value chunks) at a time,
+        // through L1 (choose_kernel's kv_rows_16b).
         using R = WgmmaRawRing<kHC, true>;
-        const int raw_off = my_run * L::kKeysPerRun * kHC + my_ch * kChunkElems;
+        const int ch2 = tid % R::kPairCols;  // this thread's chunks: 2 ch2, 2 ch2 + 1
+        const int run2 = tid / R::kPairCols;
+        const KvRunWalker<R::kKeysPerRun, L::kTileKeys> raw_walker(p, item, kv_head, bt_stride, pt.range,
+                                                                   pt.tile_lo, 2 * ch2, run2, kKvElemBytes<kKv>);
+        const int raw_off = run2 * R::kKeysPerRun * kHC + ch2 * 2 * kChunkElems;
         const auto raw_tile = [&](int t) { return raw_s + (t % R::kStages) * 2 * R::kTileBytes + raw_off; };
         const auto issue_raw = [&](int t, RunStart run) {
           unsigned char* k_raw = raw_tile(t);
-          walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
-            cp_async_8(k_raw + i * kHC, k_src, valid);
-            cp_async_8(k_raw + R::kTileBytes + i * kHC, v_src, valid);
+          raw_walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+            cp_async_16_ca(k_raw + i * kHC, k_src, valid);
+            cp_async_16_ca(k_raw + R::kTileBytes + i * kHC, v_src, valid);
           });
           cp_async_commit();
         };
         const auto convert = [&](const unsigned char* raw, unsigned char* tile, std::uint64_t* full) {
-#pragma unroll
-          for (int i = 0; i < L::kKeysPerRun; ++i) {
-            const uint2 w = *reinterpret_cast<const uint2*>(raw + i * kHC);
-            *reinterpret_cast<uint4*>(tile + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys)) =
-                fp8x8_to<T, kKv>(w);
+          // By two: fully unrolled, the producer spilled (32-64 B more at class 128).
+#pragma unroll 2
+          for (int i = 0; i < R::kKeysPerRun; ++i) {
+            const uint4 w = *reinterpret_cast<const uint4*>(raw + i * kHC);
+            const int key = run2 * R::kKeysPerRun + i;
+            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, 2 * ch2, L::kTileKeys)) =
+                fp8x8_to<T, kKv>(make_uint2(w.x, w.y));
+            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, 2 * ch2 + 1, L::kTileKeys)) =
+                fp8x8_to<T, kKv>(make_uint2(w.z, w.w));
           }
           fence_proxy_async_shared();
           mbarrier_arrive(full);
         };
-        issue_raw(0, walker.locate(0));
+        issue_raw(0, raw_walker.locate(0));
         for (int t = 0; t < pt.steps; ++t) {
           const bool ahead = R::kStages > 1 && t + 1 < pt.steps;
           if (ahead) {
-            issue_raw(t + 1, walker.locate(t + 1));
+            issue_raw(t + 1, raw_walker.locate(t + 1));
             cp_async_wait<1>();
           } else {
             cp_async_wait<0>();
@@ -253,7 +267,7 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           convert(raw_tile(t), k_s + tile_off, &bars.k_full[buf]);
           wait_released(gt, bars.v_empty);
           convert(raw_tile(t) + R::kTileBytes, v_s + tile_off, &bars.v_full[buf]);
-          if (!ahead && t + 1 < pt.steps) issue_raw(t + 1, walker.locate(t + 1));
+          if (!ahead && t + 1 < pt.steps) issue_raw(t + 1, raw_walker.locate(t + 1));
         }
       }
       seq += pt.steps;
