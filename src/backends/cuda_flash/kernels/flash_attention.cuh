@@ -320,11 +320,11 @@ __device__ void run_pass(const FlashParams& p, const WorkItem& item, int kv_head
     unsigned char* v_dst = k_dst + S::kRawTileBytes;
     walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
       if constexpr (kWideRaw) {
-        cp_async_16_ca(k_dst + i * S::kRawStride, k_src, valid);
-        cp_async_16_ca(v_dst + i * S::kRawStride, v_src, valid);
+        cp_async_ca<16>(k_dst + i * S::kRawStride, k_src, valid);
+        cp_async_ca<16>(v_dst + i * S::kRawStride, v_src, valid);
       } else {
-        cp_async_8(k_dst + i * S::kRawStride, k_src, valid);
-        cp_async_8(v_dst + i * S::kRawStride, v_src, valid);
+        cp_async_ca<8>(k_dst + i * S::kRawStride, k_src, valid);
+        cp_async_ca<8>(v_dst + i * S::kRawStride, v_src, valid);
       }
     });
     if (token_scaled && my_ch == 0) {

@@ -247,8 +247,8 @@ __device__ __forceinline__ void copy_token_scales(const KvRunWalker<kKeysPerRun>
   const std::int64_t head_offset = kv_head * p.scale_head_stride;
   // Key i of the run from element `offset` of each scale half; invalid keys read nothing.
   const auto copy_key = [&](int i, bool valid, std::int64_t offset) {
-    cp_async_4(k_dst + i, p.k_token_scale + offset, valid);
-    cp_async_4(v_dst + i, p.v_token_scale + offset, valid);
+    cp_async_ca<4>(k_dst + i, p.k_token_scale + offset, valid);
+    cp_async_ca<4>(v_dst + i, p.v_token_scale + offset, valid);
   };
   if (w.runs_in_block) {
     const bool run_ok = run.block >= 0 && run.block < p.num_blocks;

@@ -106,25 +106,15 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
   cp_async_16_prefix(dst, src, valid ? 16 : 0);
 }
 
-// 16-byte variant through L1, as cp_async_8 (fp8 rows copied 16 values at a
-// time: faster through L1 than cp_async_16's L2-only path, has_wide_fp8_rows).
-__device__ __forceinline__ void cp_async_16_ca(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-
-// 8-byte variant (fp8 rows, whose 8-element chunks are 8 bytes); through L1.
-__device__ __forceinline__ void cp_async_8(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 8 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-
-// 4-byte variant (one f32 per-token-head scale); through L1.
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+// kBytes-byte (16, 8 or 4) global -> shared copy through L1; when !valid
+// nothing is read and the destination is zero-filled. fp8 rows (16 values,
+// has_wide_fp8_rows, or 8-value chunks) and f32 per-token-head scales: their
+// copies are faster through L1 than cp_async_16's L2-only path.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca(void* dst, const void* src, bool valid) {
+  static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "cp.async copies 4, 8 or 16 bytes");
+  const int src_bytes = valid ? kBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src), "n"(kBytes),
                "r"(src_bytes));
 }
 

@@ -63,7 +63,6 @@ struct WgmmaLayout {
   static constexpr int kTileKeys = kHC > 128 ? 64 : 128;  // keys per K/V tile: N of S = Q K^T
   static constexpr int kStages = 2;                       // K (and V) tile buffers
   static constexpr int kChunks = kHC / kChunkElems;
-  static constexpr int kKeysPerRun = kTileKeys * kChunks / kWarpgroupThreads;
   static constexpr int kQBytes = kPrefillRows * kHC * 2;
   static constexpr int kTileBytes = kTileKeys * kHC * 2;  // one K or V tile
   static constexpr int kKBytes = kStages * kTileBytes;
@@ -72,7 +71,6 @@ struct WgmmaLayout {
   static constexpr int kSmemBytes =
       kSwizzleAtomBytes + kQBytes + 2 * kKBytes + kBarriers * static_cast<int>(sizeof(std::uint64_t));
   static constexpr std::uint32_t kPanelStride = kTileKeys * kSwizzleBytes;  // 64-dim panels of a K or V tile
-  static_assert(kWarpgroupThreads % kChunks == 0, "a thread's column must not change between its keys");
   static_assert(has_wgmma_kernel(kHC), "a head class with a wgmma kernel");
 };
 
@@ -85,10 +83,18 @@ struct WgmmaRawRing {
   static constexpr int kStages = !kFp8 ? 0 : (kHC > 128 ? 1 : 2);
   static constexpr int kTileBytes = WgmmaLayout<kHC>::kTileKeys * kHC;  // one raw K or V tile
   static constexpr int kBytes = kStages * 2 * kTileBytes;
-  // The producer copies 16-byte columns (two 8-value chunks) of kKeysPerRun keys.
-  static constexpr int kPairCols = kHC / (2 * kChunkElems);
-  static constexpr int kKeysPerRun = WgmmaLayout<kHC>::kTileKeys * kPairCols / kWarpgroupThreads;
-  static_assert(kWarpgroupThreads % kPairCols == 0, "a thread's column must not change between its keys");
+};
+
+// The producer's K/V copies of a tile, 16 bytes each (8 values of 16-bit
+// K/V, 16 of fp8): thread tid copies column tid % kCols of kKeysPerRun
+// consecutive keys (KvRunWalker), which start at 8-value chunk
+// kChunksPerCopy * (tid % kCols) of the row.
+template <int kHC, int kElemBytes>
+struct WgmmaCopyRuns {
+  static constexpr int kCols = kHC * kElemBytes / kChunkBytes;
+  static constexpr int kChunksPerCopy = kHC / kChunkElems / kCols;
+  static constexpr int kKeysPerRun = WgmmaLayout<kHC>::kTileKeys * kCols / kWarpgroupThreads;
+  static_assert(kWarpgroupThreads % kCols == 0, "a thread's column must not change between its keys");
 };
 
 // Descriptor offsets of the swizzled tiles: 8-row atoms are 1024 B apart; the
@@ -190,11 +196,12 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
       const auto wait_released = [&](int gt, std::uint64_t* empty) {
         if (gt >= L::kStages) mbarrier_wait(&empty[gt % L::kStages], (gt / L::kStages - 1) & 1);
       };
+      using C = WgmmaCopyRuns<kHC, kKvElemBytes<kKv>>;
+      const int my_col = tid % C::kCols;
+      const int my_run = tid / C::kCols;
+      const KvRunWalker<C::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
+                                                             my_col * C::kChunksPerCopy, my_run, kKvElemBytes<kKv>);
       if constexpr (kKv == KvStore::Bits16) {
-        const int my_ch = tid % L::kChunks;
-        const int my_run = tid / L::kChunks;
-        const KvRunWalker<L::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
-                                                               my_ch, my_run, kKvElemBytes<kKv>);
         RunStart run = walker.locate(0);
         for (int t = 0; t < pt.steps; ++t) {
           const int gt = seq + t;
@@ -202,13 +209,13 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           const int tile_off = buf * L::kTileBytes;
           wait_released(gt, bars.k_empty);
           walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char*) {
-            cp_async_16(k_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), k_src,
+            cp_async_16(k_s + tile_off + swizzled_offset(my_run * C::kKeysPerRun + i, my_col, L::kTileKeys), k_src,
                         valid);
           });
           cp_async_arrive(&bars.k_full[buf]);
           wait_released(gt, bars.v_empty);
           walker.walk(t, run, [&](int i, bool valid, const char*, const char* v_src) {
-            cp_async_16(v_s + tile_off + swizzled_offset(my_run * L::kKeysPerRun + i, my_ch, L::kTileKeys), v_src,
+            cp_async_16(v_s + tile_off + swizzled_offset(my_run * C::kKeysPerRun + i, my_col, L::kTileKeys), v_src,
                         valid);
           });
           cp_async_arrive(&bars.v_full[buf]);
@@ -220,42 +227,38 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
         // the same chunks of tile t, which only it wrote, into the swizzled
         // 16-bit tiles; it arrives once its stores are fenced for wgmma's
         // async reads.
-        // The raw rows are copied 16 bytes (two 8-value chunks) at a time,
-        // through L1 (choose_kernel's kv_rows_16b).
+        // The raw rows are copied through L1 (choose_kernel's kv_rows_16b).
         using R = WgmmaRawRing<kHC, true>;
-        const int ch2 = tid % R::kPairCols;  // this thread's chunks: 2 ch2, 2 ch2 + 1
-        const int run2 = tid / R::kPairCols;
-        const KvRunWalker<R::kKeysPerRun, L::kTileKeys> raw_walker(p, item, kv_head, bt_stride, pt.range,
-                                                                   pt.tile_lo, 2 * ch2, run2, kKvElemBytes<kKv>);
-        const int raw_off = run2 * R::kKeysPerRun * kHC + ch2 * 2 * kChunkElems;
+        const int raw_off = my_run * C::kKeysPerRun * kHC + my_col * kChunkBytes;
         const auto raw_tile = [&](int t) { return raw_s + (t % R::kStages) * 2 * R::kTileBytes + raw_off; };
         const auto issue_raw = [&](int t, RunStart run) {
           unsigned char* k_raw = raw_tile(t);
-          raw_walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
-            cp_async_16_ca(k_raw + i * kHC, k_src, valid);
-            cp_async_16_ca(k_raw + R::kTileBytes + i * kHC, v_src, valid);
+          walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char* v_src) {
+            cp_async_ca<16>(k_raw + i * kHC, k_src, valid);
+            cp_async_ca<16>(k_raw + R::kTileBytes + i * kHC, v_src, valid);
           });
           cp_async_commit();
         };
         const auto convert = [&](const unsigned char* raw, unsigned char* tile, std::uint64_t* full) {
           // By two: fully unrolled, the producer spilled (32-64 B more at class 128).
 #pragma unroll 2
-          for (int i = 0; i < R::kKeysPerRun; ++i) {
+          for (int i = 0; i < C::kKeysPerRun; ++i) {
             const uint4 w = *reinterpret_cast<const uint4*>(raw + i * kHC);
-            const int key = run2 * R::kKeysPerRun + i;
-            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, 2 * ch2, L::kTileKeys)) =
+            const int key = my_run * C::kKeysPerRun + i;
+            const int ch = my_col * C::kChunksPerCopy;
+            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, ch, L::kTileKeys)) =
                 fp8x8_to<T, kKv>(make_uint2(w.x, w.y));
-            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, 2 * ch2 + 1, L::kTileKeys)) =
+            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, ch + 1, L::kTileKeys)) =
                 fp8x8_to<T, kKv>(make_uint2(w.z, w.w));
           }
           fence_proxy_async_shared();
           mbarrier_arrive(full);
         };
-        issue_raw(0, raw_walker.locate(0));
+        issue_raw(0, walker.locate(0));
         for (int t = 0; t < pt.steps; ++t) {
           const bool ahead = R::kStages > 1 && t + 1 < pt.steps;
           if (ahead) {
-            issue_raw(t + 1, raw_walker.locate(t + 1));
+            issue_raw(t + 1, walker.locate(t + 1));
             cp_async_wait<1>();
           } else {
             cp_async_wait<0>();
@@ -267,7 +270,7 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           convert(raw_tile(t), k_s + tile_off, &bars.k_full[buf]);
           wait_released(gt, bars.v_empty);
           convert(raw_tile(t) + R::kTileBytes, v_s + tile_off, &bars.v_full[buf]);
-          if (!ahead && t + 1 < pt.steps) issue_raw(t + 1, raw_walker.locate(t + 1));
+          if (!ahead && t + 1 < pt.steps) issue_raw(t + 1, walker.locate(t + 1));
         }
       }
       seq += pt.steps;
