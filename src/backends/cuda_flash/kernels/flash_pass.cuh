@@ -343,13 +343,46 @@ __device__ __forceinline__ void apply_rescale(const Rescale& r, float (&o)[kDT][
   }
 }
 
+// Scale, soft cap, ALiBi and the masks of a block's scores, into the log2
+// domain (masked scores -inf). The soft cap is a template argument: its
+// division and tanhf, inlined for each of a thread's scores, are most of a
+// kernel's code, and a runtime test per score spread them through the loop
+// that every diagonal tile runs.
+template <bool kSoftCap, int kNT>
+__device__ __forceinline__ void mask_scores(const FlashParams& p, const WorkItem& item, int kv_head, int group,
+                                            PassRange range, const ScoreRows& at, float qk_scale,
+                                            float (&s)[kNT][4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = at.row[i];
+    const float slope = p.variant.alibi_slopes != nullptr && row < at.row_end
+                            ? p.variant.alibi_slopes[kv_head * group + row % group]
+                            : 0.0f;
+    const int q_pos = item.position_begin + row / group;
+    // The row's keys within the pass's (docs/semantics.md, visible_keys).
+    const KeyInterval keys = visible_keys(p.variant, item.req, q_pos, range.kv_hi);
+    const int lo = max(keys.lo, range.kv_lo);
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = at.k0 + nt * 8 + 2 * at.tig + e;
+        float x = s[nt][2 * i + e] * qk_scale;
+        if constexpr (kSoftCap) x = p.variant.soft_cap * tanhf(x / p.variant.soft_cap);
+        x += slope * static_cast<float>(j - q_pos);
+        const bool visible = j >= lo && j < keys.hi;
+        s[nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
+      }
+    }
+  }
+}
+
 // The online softmax of one warp's 16 rows over a block of kNT * 8 keys:
 // raw scores s in, probabilities (scaled by 2^-m) out; m and l updated, and
 // the factor O needs returned (apart, so a kernel whose O is still being
 // written by an asynchronous MMA can scale it later). Whole blocks keep raw
 // scores (the max commutes with the positive scale) and fold the scale into
-// the exponent's multiply-add; the others take scale, soft cap, ALiBi and the
-// masks per score. Log2 domain.
+// the exponent's multiply-add; the others go through mask_scores. Log2 domain.
 template <int kNT>
 __device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const WorkItem& item, int kv_head,
                                                   int group, PassRange range, const ScoreRows& at, bool whole,
@@ -358,28 +391,10 @@ __device__ __forceinline__ Rescale softmax_scores(const FlashParams& p, const Wo
   float tile_max[2] = {};
   const float exp_scale = whole ? qk_scale_log2 : 1.0f;
   if (!whole) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = at.row[i];
-      const float slope = p.variant.alibi_slopes != nullptr && row < at.row_end
-                              ? p.variant.alibi_slopes[kv_head * group + row % group]
-                              : 0.0f;
-      const int q_pos = item.position_begin + row / group;
-      // The row's keys within the pass's (docs/semantics.md, visible_keys).
-      const KeyInterval keys = visible_keys(p.variant, item.req, q_pos, range.kv_hi);
-      const int lo = max(keys.lo, range.kv_lo);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = at.k0 + nt * 8 + 2 * at.tig + e;
-          float x = s[nt][2 * i + e] * qk_scale;
-          if (p.variant.soft_cap > 0.0f) x = p.variant.soft_cap * tanhf(x / p.variant.soft_cap);
-          x += slope * static_cast<float>(j - q_pos);
-          const bool visible = j >= lo && j < keys.hi;
-          s[nt][2 * i + e] = visible ? x * kLog2e : -CUDART_INF_F;
-        }
-      }
+    if (p.variant.soft_cap > 0.0f) {
+      mask_scores<true>(p, item, kv_head, group, range, at, qk_scale, s);
+    } else {
+      mask_scores<false>(p, item, kv_head, group, range, at, qk_scale, s);
     }
   }
   // The running max moves only when a row's max grows by more than
