@@ -4,7 +4,8 @@
 # conformance), then X (the tree) and M (main, the diff reversed) alternated
 # on the prefill rows, the mixed step and the bf16 decode while the call has
 # time (LIMIT seconds); then Nsight Compute on one launch of each build's
-# wgmma kernel at `8q4k` (head sizes 128 and 64) while PROFILE_LIMIT allows.
+# wgmma kernel at `8q4k` (head sizes 128 and 64; main's at 256 too) while
+# PROFILE_LIMIT allows.
 # Results in $OUT: ab.txt, kernels_summary.txt, ncu_{X,M}{,_hd64}.txt.
 set -uo pipefail
 O=$OUT; S=$(date +%s); B=/tmp/pagedattn-gpu-build
@@ -32,6 +33,9 @@ for r in 1 2 3 4; do
     run $v "r$r hd64" 8q4k --head-size 64
     run $v "r$r hd256" 8q4k --head-size 256
     run $v "r$r fp8" 8q4k --kv-cache-dtype fp8
+    # f16 queries: the producer's fp8 -> f16 is one conversion a pair (bf16: four).
+    run $v "r$r f16" 8q4k --dtype f16
+    run $v "r$r f16 fp8" 8q4k --dtype f16 --kv-cache-dtype fp8
   done
 done
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
@@ -49,4 +53,5 @@ prof X ""
 prof M ""
 prof X _hd64 --head-size 64
 prof M _hd64 --head-size 64
+prof M _hd256 --head-size 256
 t done
