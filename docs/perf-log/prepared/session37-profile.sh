@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Nsight Compute on the wgmma prefill kernel after attempt 70 (one launch
-# each of `8q4k` at head sizes 128 and 64, clocks as found): which stalls
-# and pipes bound it now that a diagonal tile's code is in one piece.
-# Builds pagedattn_gpu_bench alone (no tests: nothing here is a result to
-# keep, only where the time goes). Writes $OUT/bench.txt,
-# ncu_prefill{,_hd64}.txt and src{,_hd64}.csv.gz (stalls per SASS line).
+# each of `8q4k` at head sizes 128, 64 and 256, clocks as found): which
+# stalls and pipes bound it now that a diagonal tile's code is in one piece,
+# and whether shared memory bounds head size 256. Builds pagedattn_gpu_bench
+# alone (no tests: nothing here is a result to keep, only where the time
+# goes). Writes $OUT/bench.txt, ncu_prefill{,_hd64,_hd256}.txt and
+# src_prefill{,_hd64,_hd256}.csv.gz (stalls per SASS line).
 set -uo pipefail
 S=$(date +%s); W=/tmp/pw; mkdir -p $W; d=/tmp/pagedattn-deps; rm -rf $d; mkdir -p $d
 for f in .gpu-deps/*.deb; do dpkg -x "$f" $d; done
@@ -30,4 +31,5 @@ prof() {  # name, then gpu_bench options
 }
 prof prefill
 prof prefill_hd64 --head-size 64
+prof prefill_hd256 --head-size 256
 echo "done $(( $(date +%s) - S )) s"
