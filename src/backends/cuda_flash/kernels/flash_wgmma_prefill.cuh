@@ -197,10 +197,10 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
         if (gt >= L::kStages) mbarrier_wait(&empty[gt % L::kStages], (gt / L::kStages - 1) & 1);
       };
       using C = WgmmaCopyRuns<kHC, kKvElemBytes<kKv>>;
-      const int my_col = tid % C::kCols;
       const int my_run = tid / C::kCols;
-      const KvRunWalker<C::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range, pt.tile_lo,
-                                                             my_col * C::kChunksPerCopy, my_run, kKvElemBytes<kKv>);
+      const int my_ch = tid % C::kCols * C::kChunksPerCopy;  // the thread's first 8-value chunk of a row
+      const KvRunWalker<C::kKeysPerRun, L::kTileKeys> walker(p, item, kv_head, bt_stride, pt.range,
+                                                             pt.tile_lo, my_ch, my_run, kKvElemBytes<kKv>);
       if constexpr (kKv == KvStore::Bits16) {
         RunStart run = walker.locate(0);
         for (int t = 0; t < pt.steps; ++t) {
@@ -209,13 +209,13 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           const int tile_off = buf * L::kTileBytes;
           wait_released(gt, bars.k_empty);
           walker.walk(t, run, [&](int i, bool valid, const char* k_src, const char*) {
-            cp_async_16(k_s + tile_off + swizzled_offset(my_run * C::kKeysPerRun + i, my_col, L::kTileKeys), k_src,
+            cp_async_16(k_s + tile_off + swizzled_offset(my_run * C::kKeysPerRun + i, my_ch, L::kTileKeys), k_src,
                         valid);
           });
           cp_async_arrive(&bars.k_full[buf]);
           wait_released(gt, bars.v_empty);
           walker.walk(t, run, [&](int i, bool valid, const char*, const char* v_src) {
-            cp_async_16(v_s + tile_off + swizzled_offset(my_run * C::kKeysPerRun + i, my_col, L::kTileKeys), v_src,
+            cp_async_16(v_s + tile_off + swizzled_offset(my_run * C::kKeysPerRun + i, my_ch, L::kTileKeys), v_src,
                         valid);
           });
           cp_async_arrive(&bars.v_full[buf]);
@@ -229,7 +229,7 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
         // async reads.
         // The raw rows are copied through L1 (choose_kernel's kv_rows_16b).
         using R = WgmmaRawRing<kHC, true>;
-        const int raw_off = my_run * C::kKeysPerRun * kHC + my_col * kChunkBytes;
+        const int raw_off = my_run * C::kKeysPerRun * kHC + my_ch * kChunkElems;  // one byte a value
         const auto raw_tile = [&](int t) { return raw_s + (t % R::kStages) * 2 * R::kTileBytes + raw_off; };
         const auto issue_raw = [&](int t, RunStart run) {
           unsigned char* k_raw = raw_tile(t);
@@ -245,10 +245,9 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           for (int i = 0; i < C::kKeysPerRun; ++i) {
             const uint4 w = *reinterpret_cast<const uint4*>(raw + i * kHC);
             const int key = my_run * C::kKeysPerRun + i;
-            const int ch = my_col * C::kChunksPerCopy;
-            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, ch, L::kTileKeys)) =
+            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, my_ch, L::kTileKeys)) =
                 fp8x8_to<T, kKv>(make_uint2(w.x, w.y));
-            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, ch + 1, L::kTileKeys)) =
+            *reinterpret_cast<uint4*>(tile + swizzled_offset(key, my_ch + 1, L::kTileKeys)) =
                 fp8x8_to<T, kKv>(make_uint2(w.z, w.w));
           }
           fence_proxy_async_shared();
