@@ -112,16 +112,10 @@ __device__ __forceinline__ void with_full_head(bool full, F&& f) {
 }
 
 // One pass: up to kRows packed query rows of an item against its key range.
-// TIO: the query and output dtype. The tensor cores run on Compute<TIO, kFp8>:
-// fp8 K/V always compute in f16, whatever the query dtype. fp8 -> f16 is one
-// hardware conversion per two values and exact for e4m3 and e5m2 alike,
-// where fp8 -> bf16 took five instructions (fp8 -> f16 -> f32 -> bf16) and
-// was what bound the fp8 decode. bf16 queries are
-// converted to f16 once per pass, scaled by a power of two that keeps them
-// below the f16 maximum (folded back into the score scale), and P rounds to
-// f16, three more mantissa bits than bf16.
-template <typename TIO, bool kFp8>
-using Compute = std::conditional_t<kFp8, half, TIO>;
+// TIO: the query and output dtype. The tensor cores run on Compute<TIO, kFp8>
+// (flash_pass.cuh) for both MMAs: bf16 queries against fp8 K/V are converted
+// to f16 once per pass, scaled by a power of two that keeps them below the
+// f16 maximum (folded back into the score scale).
 
 inline constexpr unsigned kBf16AbsMask = 0x7FFF;
 inline constexpr unsigned kBf16Inf = 0x7F80;  // the smallest non-finite magnitude pattern

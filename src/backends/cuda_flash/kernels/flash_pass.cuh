@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_params.h"
 #include "flash_primitives.cuh"
@@ -37,6 +38,17 @@ enum class KvStore { Bits16, E4M3, E5M2, I8 };
 
 template <KvStore kKv>
 inline constexpr bool kIsFp8 = kKv != KvStore::Bits16;
+
+// The 16-bit type the tensor cores run on against K/V of type TIO (the
+// queries' type) or fp8: fp8 always computes in f16, whatever the query
+// dtype. fp8 -> f16 is one hardware conversion per two values and exact for
+// e4m3 and e5m2 alike, where fp8 -> bf16 takes four or five instructions
+// (fp8 -> f16 -> f32 -> bf16), and P, in [0, 2^kRescaleLog2], rounds to f16
+// with three more mantissa bits than bf16. The mma.sync kernels run both MMAs
+// in it; the wgmma prefill runs P V in it (V's tiles converted to it) and
+// S = Q K^T in the queries' type.
+template <typename TIO, bool kFp8>
+using Compute = std::conditional_t<kFp8, half, TIO>;
 
 // Four 8-bit K/V values (bytes 0..3 of w) -> two f16x2 words: bytes (0, 1)
 // -> lo, bytes (2, 3) -> hi; exact.

@@ -14,8 +14,8 @@
 // fp8 K/V (e4m3 or e5m2, a scale per tensor or KV head): the producer stages
 // each tile raw (cp.async) and converts it, exactly for both formats, into
 // the tiles the consumers read: K to the queries' 16-bit type, V to f16
-// (WgmmaPvType), so they run the 16-bit kernel's MMAs; the K scale joins the
-// score scale and the V scale the epilogue's normalization.
+// (Compute, flash_pass.cuh), so they run the 16-bit kernel's MMAs; the K
+// scale joins the score scale and the V scale the epilogue's normalization.
 //
 // A pass is 128 packed rows of an item: consumer warpgroup w owns rows
 // [64w, 64w + 64) and every key of a tile, so each K/V tile in shared memory
@@ -142,14 +142,6 @@ __device__ __forceinline__ uint4 fp8x8_to(uint2 raw) {
   return {w[0], w[1], w[2], w[3]};
 }
 
-// The 16-bit type of V's tiles and of P in O += P V. fp8 V becomes f16 in one
-// conversion a pair (bf16 takes four: fp8 -> f16 -> f32 -> bf16), and P, in
-// [0, 2^kRescaleLog2], is at least as exact in f16 as in bf16, so fp8 kernels
-// run P V in f16 for either query type, as the mma.sync kernels do; S = Q K^T
-// stays in the queries' type.
-template <typename T, KvStore kKv>
-using WgmmaPvType = std::conditional_t<kIsFp8<kKv>, __half, T>;
-
 // What producer and consumers both derive from a pass: its key range and tiles.
 struct PassTiles {
   PassRange range;
@@ -247,8 +239,9 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           });
           cp_async_commit();
         };
-        // TOut: T for K, WgmmaPvType for V.
-        const auto convert = [&]<typename TOut>(const unsigned char* raw, unsigned char* tile, std::uint64_t* full) {
+        // Into tiles of TOut: T for K, P V's type for V.
+        const auto convert = [&]<typename TOut>(std::type_identity<TOut>, const unsigned char* raw,
+                                                unsigned char* tile, std::uint64_t* full) {
           // By two: fully unrolled, the producer spilled (32-64 B more at class 128).
 #pragma unroll 2
           for (int i = 0; i < C::kKeysPerRun; ++i) {
@@ -275,10 +268,10 @@ __device__ __forceinline__ void wgmma_produce(const FlashParams& p, unsigned cha
           const int buf = gt % L::kStages;
           const int tile_off = buf * L::kTileBytes;
           wait_released(gt, bars.k_empty);
-          convert.template operator()<T>(raw_tile(t), k_s + tile_off, &bars.k_full[buf]);
+          convert(std::type_identity<T>{}, raw_tile(t), k_s + tile_off, &bars.k_full[buf]);
           wait_released(gt, bars.v_empty);
-          convert.template operator()<WgmmaPvType<T, kKv>>(raw_tile(t) + R::kTileBytes, v_s + tile_off,
-                                                           &bars.v_full[buf]);
+          convert(std::type_identity<Compute<T, true>>{}, raw_tile(t) + R::kTileBytes, v_s + tile_off,
+                  &bars.v_full[buf]);
           if (!ahead && t + 1 < pt.steps) issue_raw(t + 1, walker.locate(t + 1));
         }
       }
@@ -349,7 +342,7 @@ __device__ __forceinline__ void wgmma_consume(const FlashParams& p, unsigned cha
   constexpr int kNT = L::kTileKeys / 8;  // 8-key n-tiles of S
   constexpr int kDT = kHC / 8;           // 8-dim n-tiles of O
   constexpr int kPvSteps = L::kTileKeys / kWgmmaK;
-  using TP = WgmmaPvType<T, kKv>;
+  using TP = Compute<T, kIsFp8<kKv>>;  // P V's type
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / kWarpgroupThreads;
   const int lane = tid % 32;
