@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 38's first device call (README.md here), on main as it is (attempt
+# The first device call (README.md here), on main as it is (attempt
 # 72 kept): `scripts/gpu perf` (docs/perf.md's table and charts; its CUDA
 # tests and two conformance passes are the first GPU run of main with 72
 # alone), then `scripts/gpu profile` on the same build while the call has

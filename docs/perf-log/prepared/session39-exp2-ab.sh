@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Attempt 73 (docs/perf-log/cuda_flash-issue-31b.md, session 37) on main with
-# session38-exp2-poly.diff applied: `scripts/gpu kernels 8q4k` (CUDA tests,
+# session39-exp2-poly.diff applied: `scripts/gpu kernels 8q4k` (CUDA tests,
 # the exp2_poly probe tests among them; conformance) on the tree, then
 #   P4  the tree: class 64 exponentiates one n-tile in four on the FMA pipe;
 #   P2  one in two at class 64;
